@@ -1,0 +1,323 @@
+"""The port interface every fabric backend implements.
+
+Two backends implement it: ``ibacm.fabric.sim`` (the simulated fabric, used for tests, demos
+and benchmarks) and ``ibacm.fabric.hw`` (pyverbs UD QPs plus the kernel umad interface).
+Everything above this module (core, providers) sees only these types, so the same MAD bytes
+flow on both. All waits are trio waits and therefore cancellable; all timing comes from
+trio's clock.
+
+Shape of the interface, mirroring what the C daemon uses from verbs/umad:
+
+* ``Fabric.open()`` -> the devices (HCAs) that have at least one InfiniBand port.
+* ``Device``: name, node GUID, port count, ``port(n)``, ``wait_event()`` for async events.
+* ``Port``: ``query()`` attributes; ``sa_send()`` one SA MAD to the SM with umad semantics
+  (kernel-level timeout and retries, reply matched on the low 32 bits of the TID);
+  ``open_ud()`` the ACM UD QP of an endpoint.
+* ``UdQp``: unicast/multicast sends with an address vector (GRH always present), receives
+  with the source taken from the GRH and the work completion, multicast attach/detach.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ACM_QKEY = 0x80010000
+"""Q_Key of every ACM UD QP and of SA MADs (the IBA well-known GSI Q_Key)."""
+
+MULTICAST_QPN = 0xFFFFFF
+"""Remote QPN used for multicast sends."""
+
+SA_QPN = 1
+MAD_SIZE = 256
+ZERO_GID = bytes(16)
+
+
+class FabricError(Exception):
+    """Base class of fabric backend failures."""
+
+
+class NoDevicesError(FabricError):
+    """No device with an InfiniBand port could be opened."""
+
+
+class SaTimeout(FabricError):
+    """An SA MAD got no matching reply within timeout x (retries + 1) (umad status ETIMEDOUT)."""
+
+
+class SaSendError(FabricError):
+    """The SA MAD could not be sent at all (umad_send failure, port down)."""
+
+
+class PortDownError(FabricError):
+    """The operation needs an ACTIVE port."""
+
+
+class PortState(enum.IntEnum):
+    """``enum ibv_port_state``."""
+
+    NOP = 0
+    DOWN = 1
+    INIT = 2
+    ARMED = 3
+    ACTIVE = 4
+    ACTIVE_DEFER = 5
+
+
+class LinkLayer(enum.IntEnum):
+    """``IBV_LINK_LAYER_*``."""
+
+    UNSPECIFIED = 0
+    INFINIBAND = 1
+    ETHERNET = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PortAttributes:
+    """What ``ibv_query_port`` plus the GID and P_Key tables tell about a port."""
+
+    port_num: int
+    state: PortState
+    lid: int
+    lmc: int
+    sm_lid: int
+    sm_sl: int
+    subnet_timeout: int
+    """Raw PortInfo:SubnetTimeout (the timeout is 4.096 us * 2**value)."""
+    active_mtu: int
+    """IBA MTU enum, 1 = 256 .. 5 = 4096."""
+    active_width: int
+    """IBA width code: 1 = 1x, 2 = 4x, 4 = 8x, 8 = 12x, 16 = 2x."""
+    active_speed: int
+    """IBA speed code: 1 SDR, 2 DDR, 4 QDR, 8 FDR10, 16 FDR, 32 EDR, 64 HDR, 128 NDR, 256 XDR."""
+    gids: tuple[bytes, ...]
+    """Valid GIDs in table order; ``gids[0]`` = subnet prefix + port GUID."""
+    pkeys: tuple[int, ...]
+    """P_Key table in order (including 0 entries), membership bit as stored."""
+    link_layer: LinkLayer = LinkLayer.INFINIBAND
+
+    @property
+    def active(self) -> bool:
+        return self.state == PortState.ACTIVE
+
+    @property
+    def lid_mask(self) -> int:
+        return 0xFFFF - ((1 << self.lmc) - 1)
+
+    @property
+    def subnet_prefix(self) -> int:
+        return int.from_bytes(self.gids[0][:8], "big") if self.gids else 0
+
+    @property
+    def port_guid(self) -> int:
+        return int.from_bytes(self.gids[0][8:], "big") if self.gids else 0
+
+    def sa_pkey_index(self) -> int:
+        """Index used for SA MADs: first 0xFFFF, else last 0x7FFF, else 0 (mad-protocol §9.7)."""
+        if 0xFFFF in self.pkeys:
+            return self.pkeys.index(0xFFFF)
+        for index in range(len(self.pkeys) - 1, -1, -1):
+            if self.pkeys[index] == 0x7FFF:
+                return index
+        return 0
+
+    def gid_index(self, gid: bytes) -> int | None:
+        try:
+            return self.gids.index(gid)
+        except ValueError:
+            return None
+
+
+class PortEventType(enum.Enum):
+    """Async events the daemon reacts to (``IBV_EVENT_*``)."""
+
+    PORT_ACTIVE = "port_active"
+    PORT_ERR = "port_err"
+    LID_CHANGE = "lid_change"
+    GID_CHANGE = "gid_change"
+    PKEY_CHANGE = "pkey_change"
+    CLIENT_REREGISTER = "client_reregister"
+    SM_CHANGE = "sm_change"
+
+
+@dataclass(frozen=True, slots=True)
+class PortEvent:
+    port_num: int
+    type: PortEventType
+
+
+@dataclass(frozen=True, slots=True)
+class AddressVector:
+    """Where a UD send goes. A GRH is always present (ACM peers take the sender GID from it)."""
+
+    dlid: int
+    dgid: bytes = ZERO_GID
+    sl: int = 0
+    src_path_bits: int = 0
+    static_rate: int = 0
+    sgid_index: int = 0
+    flow_label: int = 0
+    hop_limit: int = 0
+    traffic_class: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMad:
+    """One MAD received on a UD QP, with the source taken from the GRH and the completion."""
+
+    mad: bytes
+    sgid: bytes
+    """GRH source GID (bytes 8..23 of the 40-byte GRH area)."""
+    dgid: bytes
+    """GRH destination GID (the MGID for multicast deliveries)."""
+    slid: int
+    src_qp: int
+    dlid_path_bits: int = 0
+    pkey_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SaDestination:
+    """umad address of the SA: the SM LID/SL captured at port up and the P_Key index."""
+
+    sm_lid: int
+    sm_sl: int
+    pkey_index: int
+
+
+class UdQp(abc.ABC):
+    """The UD QP of one endpoint (Q_Key 0x80010000)."""
+
+    @property
+    @abc.abstractmethod
+    def qpn(self) -> int: ...
+
+    @abc.abstractmethod
+    async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        """Post one 256-byte MAD; returns at its send completion.
+
+        ``remote_qpn`` is ``MULTICAST_QPN`` for a multicast send (``av.dlid`` = MLID and
+        ``av.dgid`` = MGID of an attached group). Raises FabricError on a completion error.
+        """
+
+    @abc.abstractmethod
+    async def receive(self) -> ReceivedMad:
+        """Wait for the next received MAD (the receive buffer is re-posted by the backend)."""
+
+    @abc.abstractmethod
+    async def attach_mcast(self, mgid: bytes, mlid: int) -> None: ...
+
+    @abc.abstractmethod
+    async def detach_mcast(self, mgid: bytes, mlid: int) -> None: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Destroy the QP; pending ``receive`` calls raise ``trio.ClosedResourceError``."""
+
+
+class Port(abc.ABC):
+    """One physical port of a device."""
+
+    @property
+    @abc.abstractmethod
+    def port_num(self) -> int: ...
+
+    @abc.abstractmethod
+    async def query(self) -> PortAttributes:
+        """Current attributes (state, LID, SM, GID and P_Key tables, MTU/rate/width)."""
+
+    @abc.abstractmethod
+    async def sa_send(
+        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> bytes:
+        """Send one SA MAD to the SM (QP1, Q_Key 0x80010000) and return its response.
+
+        umad semantics: the backend retransmits ``retries`` times, each attempt waiting
+        ``timeout_ms``; the response is matched on the low 32 bits of the TID (the upper
+        32 bits may be rewritten, as the kernel does). Responses longer than one MAD
+        (RMPP, GetTable) are returned reassembled: MAD header + SA header + all records.
+        Raises SaTimeout or SaSendError.
+        """
+
+    @abc.abstractmethod
+    async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:
+        """Create the ACM UD QP on this port (INIT -> RTR -> RTS, Q_Key 0x80010000)."""
+
+
+class Device(abc.ABC):
+    """One HCA."""
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def node_guid(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def phys_port_cnt(self) -> int: ...
+
+    @abc.abstractmethod
+    def port(self, port_num: int) -> Port: ...
+
+    @abc.abstractmethod
+    async def wait_event(self) -> PortEvent:
+        """Wait for the next async event of this device."""
+
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceAddress:
+    """An IP address of an IPoIB interface, tied to the port GID and P_Key it runs on."""
+
+    ifname: str
+    address: IpAddress
+    prefixlen: int
+    gid: bytes
+    """Port GID of the interface (bytes 4..19 of its 20-byte hardware address)."""
+    pkey: int
+    """Interface P_Key (always with the full-member bit 0x8000 set)."""
+
+    @property
+    def display(self) -> str:
+        """Start-up display form, ``a.b.c.d/prefixlen`` (behavior.md §5.3)."""
+        return f"{self.address}/{self.prefixlen}"
+
+
+@dataclass(frozen=True, slots=True)
+class IpEvent:
+    """An address appeared (``added``) or disappeared on an IPoIB interface."""
+
+    added: bool
+    address: InterfaceAddress
+
+
+class Fabric(abc.ABC):
+    """A backend: opens the devices of this node and reports its IPoIB addresses."""
+
+    @abc.abstractmethod
+    async def open(self) -> Sequence[Device]:
+        """Devices in enumeration order; raises NoDevicesError when there is none."""
+
+    @abc.abstractmethod
+    async def interface_addresses(self) -> Sequence[InterfaceAddress]:
+        """Every IPv4/IPv6 address of every IPoIB interface of this node."""
+
+    @abc.abstractmethod
+    async def wait_ip_event(self) -> IpEvent:
+        """Wait for the next address change (RTM_NEWADDR/RTM_DELADDR for IPv4 and IPv6)."""
+
+    @property
+    @abc.abstractmethod
+    def hostname(self) -> str:
+        """This node's host name (used for generated address files)."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates .venv at the repository root and installs the project with its test/dev extras.
+# When run as root on Debian it also installs the real peers the tests use.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  pkgs="ibacm tmux ibsim-utils opensm infiniband-diags libibumad-dev python3-pyverbs tshark librdmacm-dev rdma-core"
+  missing=""
+  for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  if [ -n "$missing" ]; then
+    echo "setup: installing Debian packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq $missing >/dev/null
+  fi
+fi
+
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+stamp=.venv/.ibacm-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[dev,metrics]"
+  touch "$stamp"
+fi
