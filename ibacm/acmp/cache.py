@@ -1,0 +1,325 @@
+"""The destination cache of one endpoint: keys, entries, states, timeouts, bound and expiry.
+
+behavior.md §9. Differences from C, all invisible on the wire:
+
+* Keys are canonical (defect 34): a name key is lower-cased and cut at its first NUL, every
+  other type keeps only its significant bytes (IPv4 4, IPv6/GID 16, LID 2); all keys are
+  zero-padded to 64 bytes. Lookups are one dict access.
+* Entries carry both the route (``path``) and the template of the SA query that finds it
+  (``query``). The template is rebuilt whenever address data is recorded, so a re-resolved
+  entry never sends stale path fields to the SA (defect 33).
+* A bound (``cache_max_entries``) evicts the least recently used learned entry that nobody is
+  waiting on (defect 32); loopback entries live in their own map and are never evicted.
+* Expiry runs in the background from a heap of deadlines (``expire``), besides the on-lookup
+  checks of C, so entries of peers nobody asks for again do not stay forever.
+
+Times are trio clock seconds; ``math.inf`` means "never".
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from ibacm.fabric.api import AddressVector
+    from ibacm.wire.path_record import PathRecord
+
+ADDRESS_LEN = 64
+
+# Address types of the peer protocol (ACM_ADDRESS_*), and how many bytes of each are significant.
+NAME, IP, IP6, GID, LID = 1, 2, 3, 4, 5
+SIGNIFICANT: dict[int, int] = {NAME: ADDRESS_LEN, IP: 4, IP6: 16, GID: 16, LID: 2}
+
+CacheKey = tuple[int, bytes]
+"""(address type, canonical 64-byte address)."""
+
+
+class CacheKeyError(ValueError):
+    """An address cannot be a cache key (unknown type, too long)."""
+
+
+def cache_key(addr_type: int, address: bytes) -> CacheKey:
+    """The canonical key of an address (see the module docstring)."""
+    size = SIGNIFICANT.get(int(addr_type))
+    if size is None:
+        raise CacheKeyError(f"address type {addr_type} cannot be cached (expected 1..5)")
+    if len(address) > ADDRESS_LEN:
+        raise CacheKeyError(f"address is {len(address)} bytes, at most {ADDRESS_LEN} fit")
+    if addr_type == NAME:
+        name = address.split(b"\0", 1)[0].lower()
+        return NAME, name.ljust(ADDRESS_LEN, b"\0")
+    return int(addr_type), address[:size].ljust(ADDRESS_LEN, b"\0")
+
+
+def lid_key(lid: int) -> CacheKey:
+    return LID, lid.to_bytes(2, "big").ljust(ADDRESS_LEN, b"\0")
+
+
+def gid_key(gid: bytes) -> CacheKey:
+    return cache_key(GID, gid)
+
+
+def describe_key(key: CacheKey) -> str:
+    """Human form of a key for logs and the admin snapshot."""
+    addr_type, address = key
+    try:
+        if addr_type == NAME:
+            return address.rstrip(b"\0").decode("ascii", "backslashreplace")
+        if addr_type == IP:
+            return ".".join(str(octet) for octet in address[:4])
+        if addr_type in (IP6, GID):
+            import ipaddress
+
+            return str(ipaddress.IPv6Address(address[:16]))
+        if addr_type == LID:
+            return f"lid {int.from_bytes(address[:2], 'big')}"
+    except ValueError:  # pragma: no cover - every canonical key formats
+        pass
+    return address.hex()
+
+
+class EntryState(enum.IntEnum):
+    """behavior.md §9.3."""
+
+    INIT = 0
+    QUERY_ADDR = 1
+    ADDR_RESOLVED = 2
+    QUERY_ROUTE = 3
+    READY = 4
+
+
+class Operation:
+    """One resolution of an entry in progress; parked client requests wait for its end.
+
+    ``finish`` is idempotent, so whoever ends the operation first (the resolution task, a
+    peer message, a port going down) decides the status and every waiter sees exactly that.
+    """
+
+    __slots__ = ("done", "status", "waiters")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.status = 0
+        self.waiters = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.done.is_set()
+
+    def finish(self, status: int) -> bool:
+        if self.done.is_set():
+            return False
+        self.status = int(status)
+        self.done.set()
+        return True
+
+
+class DestEntry:
+    """One destination (behavior.md §9.2)."""
+
+    __slots__ = (
+        "addr_expiry",
+        "av",
+        "key",
+        "loopback",
+        "mgid",
+        "op",
+        "path",
+        "peer_lid",
+        "preloaded",
+        "query",
+        "remote_qpn",
+        "reply_tid",
+        "route_expiry",
+        "state",
+        "wake",
+    )
+
+    def __init__(self, key: CacheKey) -> None:
+        self.key = key
+        self.state = EntryState.INIT
+        self.path: PathRecord | None = None
+        """The route (valid in READY)."""
+        self.query: PathRecord | None = None
+        """Template of the SA PathRecord query (valid from ADDR_RESOLVED)."""
+        self.av: AddressVector | None = None
+        """Unicast address vector to the peer (responses)."""
+        self.mgid = bytes(16)
+        self.remote_qpn = 0
+        self.peer_lid = 0
+        self.reply_tid: int | None = None
+        """TID of a peer request for our address still to be answered when the route is known."""
+        self.addr_expiry = math.inf
+        self.route_expiry = math.inf
+        self.op: Operation | None = None
+        self.wake: trio.Event | None = None
+        """Set by the resolution task while it waits for the peer; poked when data arrives."""
+        self.loopback = False
+        self.preloaded = False
+
+    @property
+    def addr_type(self) -> int:
+        return self.key[0]
+
+    @property
+    def busy(self) -> bool:
+        """Someone depends on this entry staying in the cache."""
+        return self.op is not None or self.reply_tid is not None
+
+    def poke(self) -> None:
+        """Wake the resolution task waiting on this entry, if any."""
+        if self.wake is not None:
+            self.wake.set()
+
+    def forget(self) -> None:
+        """Back to INIT: drop everything learned (address expiry, failures)."""
+        self.state = EntryState.INIT
+        self.path = None
+        self.query = None
+        self.av = None
+        self.mgid = bytes(16)
+        self.remote_qpn = 0
+        self.peer_lid = 0
+        self.addr_expiry = math.inf
+        self.route_expiry = math.inf
+        self.preloaded = False
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "address": describe_key(self.key),
+            "type": self.addr_type,
+            "state": self.state.name,
+            "remote_qpn": self.remote_qpn,
+            "dlid": self.path.dlid if self.path is not None else None,
+            "loopback": self.loopback,
+            "pending": self.op is not None,
+        }
+
+
+class DestCache:
+    """The entries of one endpoint (see the module docstring)."""
+
+    def __init__(self, max_entries: int = 0) -> None:
+        self.max_entries = max_entries
+        """0 = unbounded (as C)."""
+        self._loopback: dict[CacheKey, DestEntry] = {}
+        self._entries: OrderedDict[CacheKey, DestEntry] = OrderedDict()
+        self._deadlines: list[tuple[float, int, DestEntry]] = []
+        self._seq = itertools.count()
+        self.evicted = 0
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._entries) + len(self._loopback)
+
+    def __iter__(self) -> Iterator[DestEntry]:
+        yield from self._loopback.values()
+        yield from self._entries.values()
+
+    def learned(self) -> Iterator[DestEntry]:
+        """Entries other than loopback entries."""
+        return iter(tuple(self._entries.values()))
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def get(self, key: CacheKey) -> DestEntry | None:
+        entry = self._loopback.get(key)
+        if entry is not None:
+            return entry
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def acquire(self, key: CacheKey) -> DestEntry:
+        """The entry for ``key``, created in INIT if missing (may evict an idle one)."""
+        entry = self.get(key)
+        if entry is None:
+            entry = DestEntry(key)
+            self._entries[key] = entry
+            self._enforce_bound(keep=key)
+        return entry
+
+    def put_loopback(self, entry: DestEntry) -> None:
+        entry.loopback = True
+        self._entries.pop(entry.key, None)
+        self._loopback[entry.key] = entry
+
+    def remove(self, key: CacheKey) -> DestEntry | None:
+        entry = self._loopback.pop(key, None)
+        if entry is None:
+            entry = self._entries.pop(key, None)
+        return entry
+
+    def clear_learned(self) -> int:
+        """Drop every learned entry nobody waits on; returns how many were dropped."""
+        idle = [key for key, entry in self._entries.items() if not entry.busy]
+        for key in idle:
+            del self._entries[key]
+        return len(idle)
+
+    # -- timeouts -------------------------------------------------------------------------
+
+    def set_timeouts(
+        self, entry: DestEntry, now: float, addr_lifetime: float, route_lifetime: float
+    ) -> None:
+        """Start the address and route lifetimes of ``entry`` at ``now``."""
+        entry.addr_expiry = now + addr_lifetime
+        entry.route_expiry = now + route_lifetime
+        self._schedule(entry, entry.addr_expiry)
+        self._schedule(entry, entry.route_expiry)
+
+    def set_addr_timeout(self, entry: DestEntry, now: float, addr_lifetime: float) -> None:
+        entry.addr_expiry = now + addr_lifetime
+        self._schedule(entry, entry.addr_expiry)
+
+    def _schedule(self, entry: DestEntry, deadline: float) -> None:
+        if deadline != math.inf and not entry.loopback:
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), entry))
+
+    def next_deadline(self) -> float:
+        return self._deadlines[0][0] if self._deadlines else math.inf
+
+    def expire(self, now: float) -> int:
+        """Apply every deadline due at ``now``; returns how many entries changed.
+
+        A due address lifetime removes the entry; a due route lifetime sends a READY entry
+        back to ADDR_RESOLVED. Entries with a resolution in progress are left to it.
+        """
+        changed = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, entry = heapq.heappop(self._deadlines)
+            if self._entries.get(entry.key) is not entry or entry.busy:
+                continue  # gone, replaced, or being worked on (it will get new deadlines)
+            if entry.addr_expiry <= now and entry.state >= EntryState.ADDR_RESOLVED:
+                del self._entries[entry.key]
+                self.expired += 1
+                changed += 1
+            elif entry.route_expiry <= now and entry.state == EntryState.READY:
+                entry.state = EntryState.ADDR_RESOLVED
+                changed += 1
+        return changed
+
+    # -- bound ----------------------------------------------------------------------------
+
+    def _enforce_bound(self, keep: CacheKey) -> None:
+        if not self.max_entries:
+            return
+        # Busy entries met on the way move to the young end, so each is skipped only once.
+        budget = len(self._entries)
+        while len(self._entries) > self.max_entries and budget > 0:
+            budget -= 1
+            key, entry = next(iter(self._entries.items()))
+            if entry.busy or key == keep:
+                self._entries.move_to_end(key)
+                continue
+            del self._entries[key]
+            self.evicted += 1

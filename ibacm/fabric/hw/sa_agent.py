@@ -1,0 +1,265 @@
+"""SA transactions over one umad port: send, match replies by TID, time out.
+
+The agent is registered like C does (class 0x03, RMPP version 1, no method mask, so only
+solicited responses arrive) except that it says class version 2 — the SA's version — where C
+says 1 (defect 41). Semantics are the kernel's (mad-protocol.md §9.7): every MAD is sent with
+the caller's ``timeout_ms`` and ``retries``, the kernel retransmits, and a reply is matched on
+the low 32 bits of its TID because the kernel rewrites the upper 32 bits. A request the kernel
+gave up on comes back with status ETIMEDOUT and raises ``SaTimeout``.
+
+Receiving is a blocking ``umad_recv`` with a short timeout run in a worker thread (the port
+"fd" of ibsim's preload is not pollable), driven by whichever request is waiting
+(``TurnPoller``). A trio deadline of ``timeout_ms x (retries + 1)`` plus a grace period
+backs the kernel's own timeout up, so a MAD layer that never reports timeouts (the simulator)
+still ends every request.
+
+Replies longer than one MAD: with kernel RMPP the whole reply arrives in one read and is
+returned as is; RMPP DATA segments that arrive one at a time (a MAD layer without RMPP) are
+acknowledged segment by segment and reassembled with ``RmppReassembler``. Replies shorter
+than 256 bytes (the simulator sends only the used part) are zero-padded to a full MAD.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from ibacm.fabric.api import (
+    ACM_QKEY,
+    MAD_SIZE,
+    SA_QPN,
+    FabricError,
+    SaDestination,
+    SaSendError,
+    SaTimeout,
+)
+from ibacm.fabric.hw.poller import TurnPoller
+from ibacm.fabric.hw.umad import UmadApi, UmadError, UmadPacket, UmadSendAddress
+from ibacm.wire.errors import WireError
+from ibacm.wire.mad import (
+    MAD_HDR_LEN,
+    RMPP_VERSION,
+    SA_CLASS_VERSION,
+    SA_HDR_END,
+    MadHeader,
+    MgmtClass,
+    RmppReassembler,
+    RmppType,
+    SaHeader,
+    build_rmpp_ack,
+)
+
+log = structlog.get_logger("ibacm.fabric.hw.sa")
+
+POLL_MS = 50
+"""How long one receive call blocks: bounds how late a cancellation or a close takes effect."""
+GRACE_MS = 250
+"""Extra wait after the kernel's own timeout x (retries + 1) before giving up locally."""
+TID_MASK = 0xFFFFFFFF
+RMPP_WINDOW = 32
+"""Segments a windowed RMPP sender may send beyond the last one acknowledged."""
+
+
+@dataclass(eq=False, slots=True)
+class _Transaction:
+    tid: int
+    dest: SaDestination
+    reply: bytes | None = None
+    error: FabricError | None = None
+    reassembler: RmppReassembler = field(default_factory=RmppReassembler)
+
+    @property
+    def done(self) -> bool:
+        return self.reply is not None or self.error is not None
+
+
+def _tid_of(mad: bytes) -> int:
+    return int.from_bytes(mad[8:16], "big") & TID_MASK
+
+
+def _is_rmpp_segment(mad: bytes) -> bool:
+    if len(mad) > MAD_SIZE or len(mad) < SA_HDR_END:
+        return False  # a kernel-reassembled reply, or too short to carry an RMPP header
+    sa = SaHeader.decode(mad)
+    return sa.rmpp_active and sa.rmpp_type == RmppType.DATA and sa.rmpp_version == RMPP_VERSION
+
+
+class SaAgent:
+    """The SA agent of one (CA, port), opened with ``open()`` and closed with ``aclose()``."""
+
+    def __init__(
+        self,
+        umad: UmadApi,
+        ca_name: str,
+        port_num: int,
+        *,
+        poll_ms: int = POLL_MS,
+        grace_ms: int = GRACE_MS,
+    ) -> None:
+        self._umad = umad
+        self.ca_name = ca_name
+        self.port_num = port_num
+        self._poll_ms = poll_ms
+        self._grace_ms = grace_ms
+        self._portid: int | None = None
+        self._agent = -1
+        self._pending: dict[int, _Transaction] = {}
+        self._poller = TurnPoller(self._receive_step, name=f"SA agent {ca_name}:{port_num}")
+        self.unmatched = 0
+        """Replies that matched no outstanding request (late, duplicate or foreign)."""
+
+    def open(self) -> None:
+        """Open the umad port and register the agent (raises ``UmadError``)."""
+        portid = self._umad.open_port(self.ca_name, self.port_num)
+        try:
+            self._agent = self._umad.register(
+                portid, MgmtClass.SUBN_ADM, SA_CLASS_VERSION, RMPP_VERSION
+            )
+        except BaseException:
+            self._umad.close_port(portid)
+            raise
+        self._portid = portid
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    async def request(
+        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> bytes:
+        """Send one SA MAD and return the (reassembled) reply MAD."""
+        portid = self._require_open()
+        if len(mad) != MAD_SIZE:
+            raise SaSendError(f"an SA MAD is {MAD_SIZE} bytes, got {len(mad)}")
+        if timeout_ms <= 0 or retries < 0:
+            raise SaSendError(f"bad umad timing: timeout_ms={timeout_ms}, retries={retries}")
+        tid = _tid_of(mad)
+        if tid in self._pending:
+            raise SaSendError(f"TID {tid:#010x} is already outstanding on {self.ca_name}")
+        transaction = _Transaction(tid, dest)
+        self._pending[tid] = transaction
+        try:
+            self._send(portid, mad, dest, timeout_ms=timeout_ms, retries=retries)
+            return await self._wait(transaction, timeout_ms * (retries + 1) + self._grace_ms)
+        finally:
+            del self._pending[tid]
+
+    async def aclose(self) -> None:
+        """Fail outstanding requests, wait for the receive thread, close the port."""
+        if self._portid is None:
+            return
+        self._poller.close()
+        await self._poller.wait_idle()
+        portid, self._portid = self._portid, None
+        self._umad.unregister(portid, self._agent)
+        self._umad.close_port(portid)
+
+    # -- internals -----------------------------------------------------------------------
+    def _require_open(self) -> int:
+        if self._portid is None or self._poller.closed:
+            raise SaSendError(f"the SA agent of {self.ca_name} port {self.port_num} is closed")
+        return self._portid
+
+    def _send(
+        self, portid: int, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> None:
+        address = UmadSendAddress(
+            dlid=dest.sm_lid, dqpn=SA_QPN, sl=dest.sm_sl, qkey=ACM_QKEY, pkey_index=dest.pkey_index
+        )
+        try:
+            self._umad.send(
+                portid, self._agent, mad, address, timeout_ms=timeout_ms, retries=retries
+            )
+        except UmadError as exc:
+            raise SaSendError(str(exc)) from exc
+
+    async def _wait(self, transaction: _Transaction, deadline_ms: int) -> bytes:
+        with trio.move_on_after(deadline_ms / 1000):
+            try:
+                await self._poller.wait_until(lambda: transaction.done)
+            except trio.ClosedResourceError as exc:
+                raise SaSendError(f"SA agent of {self.ca_name} closed") from exc
+        if transaction.error is not None:
+            raise transaction.error
+        if transaction.reply is None:
+            raise SaTimeout(f"no SA reply for TID {transaction.tid:#010x} in {deadline_ms} ms")
+        return transaction.reply
+
+    async def _receive_step(self) -> None:
+        portid = self._portid
+        if portid is None:
+            return
+        try:
+            packet = await trio.to_thread.run_sync(self._umad.recv, portid, self._poll_ms)
+        except UmadError as exc:
+            self._fail_all(SaSendError(f"receive on {self.ca_name}: {exc}"))
+            return
+        # Dispatched before any checkpoint, so a cancelled waiter loses nothing.
+        if packet is not None:
+            self._dispatch(packet)
+
+    def _fail_all(self, error: FabricError) -> None:
+        for transaction in self._pending.values():
+            transaction.error = error
+
+    def _dispatch(self, packet: UmadPacket) -> None:
+        mad = packet.mad
+        if len(mad) < MAD_HDR_LEN:
+            log.warning("short umad packet dropped", length=len(mad), ca=self.ca_name)
+            return
+        tid = _tid_of(mad)
+        transaction = self._pending.get(tid)
+        if transaction is None or packet.agent_id != self._agent:
+            self.unmatched += 1
+            log.debug("unmatched SA packet dropped", tid=f"{tid:#010x}", status=packet.status)
+            return
+        if packet.status:
+            transaction.error = self._status_error(tid, packet.status)
+            return
+        header = MadHeader.decode(mad[:MAD_HDR_LEN])
+        if not header.method & 0x80:
+            return  # not a response (our own request echoed by a loopback): ignore
+        if _is_rmpp_segment(mad):
+            self._accept_segment(transaction, mad.ljust(MAD_SIZE, b"\0"))
+        else:
+            transaction.reply = mad.ljust(MAD_SIZE, b"\0")
+
+    @staticmethod
+    def _status_error(tid: int, status: int) -> FabricError:
+        if status == errno.ETIMEDOUT:
+            return SaTimeout(f"SA request TID {tid:#010x} timed out (umad status ETIMEDOUT)")
+        name = errno.errorcode.get(status, str(status))
+        return SaSendError(f"SA request TID {tid:#010x} failed: umad status {name}")
+
+    def _accept_segment(self, transaction: _Transaction, segment: bytes) -> None:
+        try:
+            whole = transaction.reassembler.feed(segment)
+        except WireError as exc:
+            tid = transaction.tid
+            transaction.error = SaSendError(f"bad RMPP reply for TID {tid:#010x}: {exc}")
+            return
+        self._acknowledge(transaction, segment)
+        if whole is not None:
+            transaction.reply = whole
+
+    def _acknowledge(self, transaction: _Transaction, segment: bytes) -> None:
+        # A windowed RMPP sender sends further segments only once earlier ones are ACKed.
+        portid = self._portid
+        if portid is None:
+            return
+        seg_num = SaHeader.decode(segment).seg_num
+        ack = build_rmpp_ack(segment, new_window_last=seg_num + RMPP_WINDOW)
+        address = UmadSendAddress(
+            dlid=transaction.dest.sm_lid,
+            dqpn=SA_QPN,
+            sl=transaction.dest.sm_sl,
+            qkey=ACM_QKEY,
+            pkey_index=transaction.dest.pkey_index,
+        )
+        try:
+            self._umad.send(portid, self._agent, ack, address, timeout_ms=0, retries=0)
+        except UmadError as exc:
+            transaction.error = SaSendError(f"cannot acknowledge RMPP segment: {exc}")

@@ -1,0 +1,276 @@
+"""The ACM UD QP on a real HCA, through pyverbs.
+
+One QP per endpoint (mad-protocol.md §1): Q_Key 0x80010000, the endpoint's P_Key index, one
+CQ for sends and receives bound to a completion channel, ``recv_depth`` receive buffers of
+296 bytes (40-byte GRH area + MAD) re-posted after every completion — also after an error
+completion, so errors cannot wedge the endpoint (C defect 46) — and a GRH on every send.
+
+Completions are driven by whichever task waits (``TurnPoller``): it waits for the completion
+channel's fd with ``trio.lowlevel.wait_readable``, then acknowledges the event, re-arms the CQ
+and polls it empty, handing send completions to their senders and received MADs to a queue.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import trio
+
+from ibacm.fabric.api import (
+    ACM_QKEY,
+    MAD_SIZE,
+    AddressVector,
+    FabricError,
+    ReceivedMad,
+    UdQp,
+)
+from ibacm.fabric.hw import verbs_attrs as attrs
+from ibacm.fabric.hw.poller import TurnPoller
+from ibacm.fabric.hw.pyverbs_loader import Pyverbs
+from ibacm.fabric.hw.verbs_handles import ContextHandle, LibVerbs, VerbsHandles
+
+log = structlog.get_logger("ibacm.fabric.hw.qp")
+
+SEND_DEPTH = 32
+"""Sends in flight per QP (C: resolve_depth + send_depth, 2 by default)."""
+POLL_BATCH = 16
+AH_CACHE = 1024
+"""Address handles kept per QP, least recently used dropped first."""
+SEND_WR_BASE = 1 << 32
+"""Send work requests are numbered from here; receives use their buffer index."""
+
+
+@dataclass(frozen=True, slots=True)
+class QpResources:
+    """What a device lends a QP: pyverbs, the C-level helpers and the device objects."""
+
+    pv: Pyverbs
+    lib: LibVerbs
+    handles: VerbsHandles
+    ctx: Any
+    ctx_handle: ContextHandle
+    pd: Any
+    port_num: int
+
+
+@dataclass(eq=False, slots=True)
+class _Send:
+    slot: int
+    status: int | None = None
+    abandoned: bool = False
+
+
+class HwUdQp(UdQp):
+    """A UD QP in RTS with its CQ, completion channel and registered buffers."""
+
+    def __init__(self, res: QpResources, *, pkey_index: int, recv_depth: int) -> None:
+        if recv_depth < 1:
+            raise FabricError(f"recv_depth must be at least 1, got {recv_depth}")
+        self._res = res
+        self._recv_depth = recv_depth
+        self._closing: list[Any] = []  # pyverbs objects, closed in reverse order
+        try:
+            self._create(pkey_index)
+        except res.pv.Error as exc:
+            self._destroy()
+            raise FabricError(f"cannot create the UD QP on port {res.port_num}: {exc}") from exc
+        except BaseException:
+            self._destroy()
+            raise
+        self._free_slots = list(range(SEND_DEPTH))
+        self._send_credits = trio.Semaphore(SEND_DEPTH)
+        self._sends: dict[int, _Send] = {}
+        self._received: deque[ReceivedMad] = deque()
+        self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
+        self._groups: set[tuple[bytes, int]] = set()
+        self._poller = TurnPoller(self._completion_step, name=f"UD QP {self.qpn:#x}")
+        self.dropped = 0
+        """Received MADs dropped because nobody consumed the queue fast enough."""
+
+    def _create(self, pkey_index: int) -> None:
+        res, pv = self._res, self._res.pv
+        self._channel = self._keep(pv.cq.CompChannel(res.ctx))
+        self._fd = res.handles.comp_channel_fd(self._channel, res.ctx_handle)
+        self._cq = self._keep(pv.cq.CQ(res.ctx, SEND_DEPTH + self._recv_depth, None, self._channel, 0))
+        self._cq.req_notify()
+        init = attrs.qp_init_attr(pv, self._cq, send_depth=SEND_DEPTH, recv_depth=self._recv_depth)
+        state = attrs.ud_qp_attr(pv, port_num=res.port_num, pkey_index=pkey_index)
+        self._qp = self._keep(pv.qp.QP(res.pd, init, state))
+        self._qp_pointer = res.handles.qp(self._qp, res.ctx_handle)
+        size = (self._recv_depth + SEND_DEPTH) * attrs.RECV_SIZE
+        self._mr = self._keep(pv.mr.MR(res.pd, size, pv.enums.IBV_ACCESS_LOCAL_WRITE))
+        for slot in range(self._recv_depth):
+            self._post_recv(slot)
+
+    def _keep(self, obj: Any) -> Any:
+        self._closing.append(obj)
+        return obj
+
+    # -- UdQp ------------------------------------------------------------------------------
+    @property
+    def qpn(self) -> int:
+        qpn: int = self._qp.qp_num
+        return qpn
+
+    async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        if len(mad) != MAD_SIZE:
+            raise FabricError(f"a MAD is {MAD_SIZE} bytes, got {len(mad)}")
+        self._require_open()
+        await self._send_credits.acquire()
+        slot = self._free_slots.pop()
+        wr_id = SEND_WR_BASE + slot
+        try:
+            self._post_send(slot, wr_id, mad, av, remote_qpn)
+        except BaseException:
+            self._release(slot)
+            raise
+        record = self._sends[wr_id] = _Send(slot)
+        try:
+            await self._poller.wait_until(lambda: record.status is not None)
+        except BaseException:
+            # The WR is still owned by the HCA: its slot comes back with the completion.
+            record.abandoned = True
+            raise
+        del self._sends[wr_id]
+        self._release(slot)
+        if record.status != self._res.pv.enums.IBV_WC_SUCCESS:
+            raise FabricError(f"send completion error: status {record.status}")
+
+    async def receive(self) -> ReceivedMad:
+        await self._poller.wait_until(lambda: bool(self._received))
+        return self._received.popleft()
+
+    async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
+        self._require_open()
+        self._res.lib.attach_mcast(self._qp_pointer, mgid, mlid)
+        self._groups.add((mgid, mlid))
+
+    async def detach_mcast(self, mgid: bytes, mlid: int) -> None:
+        self._require_open()
+        self._res.lib.detach_mcast(self._qp_pointer, mgid, mlid)
+        self._groups.discard((mgid, mlid))
+
+    async def aclose(self) -> None:
+        if self._poller.closed:
+            return
+        self._poller.close()
+        # Wakes a task blocked in wait_readable on the channel before its fd is closed.
+        trio.lowlevel.notify_closing(self._fd)
+        await self._poller.wait_idle()
+        self._destroy()
+
+    # -- internals -------------------------------------------------------------------------
+    def _require_open(self) -> None:
+        if self._poller.closed:
+            raise trio.ClosedResourceError(f"UD QP {self.qpn:#x} is closed")
+
+    def _destroy(self) -> None:
+        for ah in self._ahs.values() if hasattr(self, "_ahs") else ():
+            ah.close()
+        # QP before CQ before channel; the kernel detaches multicast groups with the QP.
+        for obj in (self._qp_or_none(), *reversed(self._closing)):
+            if obj is not None:
+                obj.close()
+        self._closing = []
+
+    def _qp_or_none(self) -> Any:
+        qp = getattr(self, "_qp", None)
+        if qp is not None and qp in self._closing:
+            self._closing.remove(qp)
+        return qp
+
+    def _release(self, slot: int) -> None:
+        self._free_slots.append(slot)
+        self._send_credits.release()
+
+    def _buffer_address(self, slot: int) -> int:
+        address: int = self._mr.buf + slot * attrs.RECV_SIZE
+        return address
+
+    def _post_recv(self, slot: int) -> None:
+        wr = attrs.recv_wr(
+            self._res.pv, wr_id=slot, address=self._buffer_address(slot), lkey=self._mr.lkey
+        )
+        self._qp.post_recv(wr)
+
+    def _post_send(self, slot: int, wr_id: int, mad: bytes, av: AddressVector, qpn: int) -> None:
+        offset = (self._recv_depth + slot) * attrs.RECV_SIZE
+        self._mr.write(mad, len(mad), offset)
+        wr = attrs.send_wr(
+            self._res.pv, wr_id=wr_id, address=self._mr.buf + offset, lkey=self._mr.lkey
+        )
+        wr.set_wr_ud(self._address_handle(av), qpn, ACM_QKEY)
+        self._qp.post_send(wr)
+
+    def _address_handle(self, av: AddressVector) -> Any:
+        ah = self._ahs.get(av)
+        if ah is not None:
+            self._ahs.move_to_end(av)
+            return ah
+        pv = self._res.pv
+        ah = pv.addr.AH(self._res.pd, attr=attrs.ah_attr(pv, av, self._res.port_num))
+        self._ahs[av] = ah
+        if len(self._ahs) > AH_CACHE:
+            _, oldest = self._ahs.popitem(last=False)
+            oldest.close()
+        return ah
+
+    async def _completion_step(self) -> None:
+        await trio.lowlevel.wait_readable(self._fd)
+        self._channel.get_cq_event(self._cq)
+        self._cq.ack_events(1)
+        # Re-arm before polling: a completion after the last poll raises a new event.
+        self._cq.req_notify()
+        while True:
+            count, completions = self._cq.poll(POLL_BATCH)
+            for wc in completions[:count]:
+                self._completion(wc)
+            if count < POLL_BATCH:
+                return
+
+    def _completion(self, wc: Any) -> None:
+        if wc.wr_id >= SEND_WR_BASE:
+            self._send_completed(wc)
+        else:
+            self._recv_completed(wc)
+
+    def _send_completed(self, wc: Any) -> None:
+        record = self._sends.get(wc.wr_id)
+        if record is None:
+            log.warning("completion for an unknown send", wr_id=wc.wr_id)
+            return
+        record.status = wc.status
+        if record.abandoned:
+            del self._sends[wc.wr_id]
+            self._release(record.slot)
+
+    def _recv_completed(self, wc: Any) -> None:
+        slot = wc.wr_id
+        pv = self._res.pv
+        if wc.status == pv.enums.IBV_WC_SUCCESS:
+            buffer = self._mr.read(attrs.RECV_SIZE, slot * attrs.RECV_SIZE)
+            mad = attrs.received_mad(
+                buffer,
+                byte_len=wc.byte_len,
+                grh_present=bool(wc.wc_flags & pv.enums.IBV_WC_GRH),
+                slid=wc.slid,
+                src_qp=wc.src_qp,
+                dlid_path_bits=wc.dlid_path_bits,
+                pkey_index=wc.pkey_index,
+            )
+            self._queue(mad)
+        elif not self._poller.closed:
+            log.warning("receive completion error", status=wc.status, qpn=self.qpn)
+        if not self._poller.closed:
+            self._post_recv(slot)
+
+    def _queue(self, mad: ReceivedMad | None) -> None:
+        if mad is None:
+            return
+        if len(self._received) >= self._recv_depth:
+            self.dropped += 1  # like an RNR drop: the consumer is recv_depth MADs behind
+            return
+        self._received.append(mad)

@@ -1,0 +1,111 @@
+"""The client half of umad for simulated ports: what the kernel MAD layer does for ``sa_send``.
+
+One ``UmadAgent`` per port (an agent registered for class 0x03). It rewrites the upper 32
+bits of every TID with its agent number, as the kernel does, transmits the MAD ``retries + 1``
+times, each time waiting ``timeout_ms`` for a response whose TID matches on the low 32 bits,
+and reassembles RMPP responses (GetTable) before handing back the whole MAD. Responses are
+returned with the TID as it came back (upper bits = agent number), so callers that compare all
+64 bits are caught, like on real hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from ibacm.fabric.api import MAD_SIZE, SaSendError, SaTimeout
+from ibacm.wire.errors import WireError
+from ibacm.wire.mad import RmppFlag, RmppReassembler
+
+_TID_OFFSET = 8
+_RMPP_FLAGS_OFFSET = 26
+_SEG_NUM_OFFSET = 28
+
+
+@dataclass(slots=True)
+class _Waiter:
+    done: trio.Event = field(default_factory=trio.Event)
+    result: bytes = b""
+    reassembler: RmppReassembler = field(default_factory=RmppReassembler)
+    next_segment: int = 1
+
+
+class UmadAgent:
+    """See the module docstring. ``transmit`` puts one MAD on the wire (or raises SaSendError)."""
+
+    def __init__(self, agent_id: int, transmit: Callable[[bytes], Awaitable[None]]) -> None:
+        if not 0 <= agent_id <= 0xFFFFFFFF:
+            raise ValueError(f"agent id {agent_id} does not fit 32 bits")
+        self.agent_id = agent_id
+        self._transmit = transmit
+        self._waiters: dict[int, _Waiter] = {}
+        self.unmatched = 0
+        """Responses that matched no outstanding request (late, duplicate, foreign)."""
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._waiters)
+
+    async def send(self, mad: bytes, *, timeout_ms: int, retries: int) -> bytes:
+        """Send ``mad`` and return the matching response; SaTimeout / SaSendError otherwise."""
+        if len(mad) != MAD_SIZE:
+            raise SaSendError(f"an SA MAD must be {MAD_SIZE} bytes, got {len(mad)}")
+        if timeout_ms <= 0:
+            raise SaSendError(f"timeout_ms must be > 0, got {timeout_ms}")
+        if retries < 0:
+            raise SaSendError(f"retries must be >= 0, got {retries}")
+        low = int.from_bytes(mad[_TID_OFFSET + 4 : _TID_OFFSET + 8], "big")
+        if low in self._waiters:
+            raise SaSendError(f"TID low bits {low:#010x} already outstanding on this port")
+        wire = bytearray(mad)
+        wire[_TID_OFFSET : _TID_OFFSET + 4] = self.agent_id.to_bytes(4, "big")
+        waiter = _Waiter()
+        self._waiters[low] = waiter
+        try:
+            for _attempt in range(retries + 1):
+                await self._transmit(bytes(wire))
+                with trio.move_on_after(timeout_ms / 1000):
+                    await waiter.done.wait()
+                if waiter.done.is_set():
+                    return waiter.result
+        finally:
+            del self._waiters[low]
+        raise SaTimeout(
+            f"no SA response to TID {low:#x} after {retries + 1} x {timeout_ms} ms"
+        )
+
+    def deliver(self, mad: bytes) -> None:
+        """A MAD arrived for this agent: complete (or advance) the matching request."""
+        if len(mad) < 36:
+            self.unmatched += 1
+            return
+        waiter = self._waiters.get(int.from_bytes(mad[_TID_OFFSET + 4 : _TID_OFFSET + 8], "big"))
+        if waiter is None or waiter.done.is_set():
+            self.unmatched += 1
+            return
+        if not mad[_RMPP_FLAGS_OFFSET] & RmppFlag.ACTIVE:
+            waiter.result = bytes(mad)
+            waiter.done.set()
+            return
+        self._segment(waiter, mad)
+
+    def _segment(self, waiter: _Waiter, mad: bytes) -> None:
+        seg = int.from_bytes(mad[_SEG_NUM_OFFSET : _SEG_NUM_OFFSET + 4], "big")
+        if seg < waiter.next_segment:
+            return  # a duplicate of a segment we already have
+        if seg > waiter.next_segment:
+            # A segment was lost: this transfer cannot complete; wait for the retransmission.
+            waiter.reassembler.reset()
+            waiter.next_segment = 1
+            return
+        try:
+            whole = waiter.reassembler.feed(bytes(mad))
+        except WireError:
+            waiter.next_segment = 1
+            return
+        waiter.next_segment = seg + 1
+        if whole is not None:
+            waiter.result = whole
+            waiter.done.set()

@@ -1,0 +1,267 @@
+"""The IBA SA PathRecord (64 bytes, ``struct ibv_path_record``), pure codec.
+
+The same 64 bytes travel in client RESOLVE messages (client-protocol.md §4.1), in SA MADs
+(mad-protocol.md §9.3) and in kernel netlink replies (behavior.md §16.4); all multi-byte fields
+are big-endian. Bit fields are exposed as separate attributes; the raw packed bytes are
+available as properties (``flowlabel_hoplimit``, ``qosclass_sl``, ...) with setters, because
+parts of the daemon copy those bytes verbatim (e.g. a multicast group's ``sl_flow_hop``).
+Reserved bits and bytes are kept so that every 64-byte record round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass
+
+from ibacm.wire.buffer import Buffer
+from ibacm.wire.errors import (
+    FieldRangeError,
+    check_bytes,
+    check_exact_length,
+    check_uint,
+)
+
+PATH_RECORD_LEN = 64
+GID_LEN = 16
+ZERO_GID = bytes(GID_LEN)
+REVERSIBLE_BIT = 0x80  # IBV_PATH_RECORD_REVERSIBLE in reversible_numpath
+
+
+class PathComp(enum.IntFlag):
+    """SA PathRecord component-mask bits (mad-protocol.md §9.4)."""
+
+    SERVICE_ID = 0x3  # both 32-bit halves of the service ID
+    DGID = 1 << 2
+    SGID = 1 << 3
+    DLID = 1 << 4
+    SLID = 1 << 5
+    RAW_TRAFFIC = 1 << 6
+    FLOW_LABEL = 1 << 8
+    HOP_LIMIT = 1 << 9
+    TCLASS = 1 << 10
+    REVERSIBLE = 1 << 11
+    NUMB_PATH = 1 << 12
+    PKEY = 1 << 13
+    QOS_CLASS = 1 << 14
+    SL = 1 << 15
+    MTU_SELECTOR = 1 << 16
+    MTU = 1 << 17
+    RATE_SELECTOR = 1 << 18
+    RATE = 1 << 19
+    PACKET_LIFE_SELECTOR = 1 << 20
+    PACKET_LIFE = 1 << 21
+    PREFERENCE = 1 << 22
+
+
+def gid_from_text(text: str) -> bytes:
+    """Parse a GID written as an IPv6 address (``fe80::2:c903:a:2b3c``) into 16 bytes."""
+    try:
+        return ipaddress.IPv6Address(text.strip()).packed
+    except ValueError as exc:
+        raise FieldRangeError(f"gid: {text!r} is not a GID in IPv6 notation") from exc
+
+
+def gid_to_text(gid: bytes) -> str:
+    """Format 16 GID bytes in IPv6 notation."""
+    return str(ipaddress.IPv6Address(check_bytes("gid", gid, GID_LEN)))
+
+
+@dataclass(slots=True)
+class PathRecord:
+    """One SA PathRecord; see the module docstring. Field widths are checked on encode."""
+
+    service_id: int = 0
+    dgid: bytes = ZERO_GID
+    sgid: bytes = ZERO_GID
+    dlid: int = 0
+    slid: int = 0
+    raw_traffic: bool = False
+    flow_label: int = 0  # 20 bits
+    hop_limit: int = 0
+    tclass: int = 0
+    reversible: bool = False
+    numb_path: int = 0  # 7 bits
+    pkey: int = 0
+    qos_class: int = 0  # 12 bits
+    sl: int = 0  # 4 bits
+    mtu_selector: int = 0  # 2 bits
+    mtu: int = 0  # 6 bits, IBA MTU enum
+    rate_selector: int = 0  # 2 bits
+    rate: int = 0  # 6 bits, IBA rate enum
+    packet_life_selector: int = 0  # 2 bits
+    packet_life: int = 0  # 6 bits
+    preference: int = 0
+    reserved: bytes = bytes(6)  # bytes 58..63
+    flow_reserved: int = 0  # bits 30..28 of flowlabel_hoplimit
+
+    # -- packed views ---------------------------------------------------------------------
+
+    @property
+    def flowlabel_hoplimit(self) -> int:
+        """Bytes 44..47: raw_traffic:1, reserved:3, flow_label:20, hop_limit:8."""
+        return (
+            (int(bool(self.raw_traffic)) << 31)
+            | (check_uint("flow_reserved", self.flow_reserved, 3) << 28)
+            | (check_uint("flow_label", self.flow_label, 20) << 8)
+            | check_uint("hop_limit", self.hop_limit, 8)
+        )
+
+    @flowlabel_hoplimit.setter
+    def flowlabel_hoplimit(self, value: int) -> None:
+        check_uint("flowlabel_hoplimit", value, 32)
+        self.raw_traffic = bool(value >> 31)
+        self.flow_reserved = (value >> 28) & 0x7
+        self.flow_label = (value >> 8) & 0xFFFFF
+        self.hop_limit = value & 0xFF
+
+    @property
+    def reversible_numpath(self) -> int:
+        """Byte 49: reversible:1, numb_path:7."""
+        numb_path = check_uint("numb_path", self.numb_path, 7)
+        return (REVERSIBLE_BIT if self.reversible else 0) | numb_path
+
+    @reversible_numpath.setter
+    def reversible_numpath(self, value: int) -> None:
+        check_uint("reversible_numpath", value, 8)
+        self.reversible = bool(value & REVERSIBLE_BIT)
+        self.numb_path = value & 0x7F
+
+    @property
+    def qosclass_sl(self) -> int:
+        """Bytes 52..53: qos_class:12, sl:4."""
+        return (check_uint("qos_class", self.qos_class, 12) << 4) | check_uint("sl", self.sl, 4)
+
+    @qosclass_sl.setter
+    def qosclass_sl(self, value: int) -> None:
+        check_uint("qosclass_sl", value, 16)
+        self.qos_class = value >> 4
+        self.sl = value & 0xF
+
+    @property
+    def mtu_byte(self) -> int:
+        """Byte 54: selector:2, MTU enum:6."""
+        return _pack_selector("mtu", self.mtu_selector, self.mtu)
+
+    @mtu_byte.setter
+    def mtu_byte(self, value: int) -> None:
+        self.mtu_selector, self.mtu = _unpack_selector("mtu_byte", value)
+
+    @property
+    def rate_byte(self) -> int:
+        """Byte 55: selector:2, rate enum:6."""
+        return _pack_selector("rate", self.rate_selector, self.rate)
+
+    @rate_byte.setter
+    def rate_byte(self, value: int) -> None:
+        self.rate_selector, self.rate = _unpack_selector("rate_byte", value)
+
+    @property
+    def packetlifetime_byte(self) -> int:
+        """Byte 56: selector:2, packet lifetime:6."""
+        return _pack_selector("packet_life", self.packet_life_selector, self.packet_life)
+
+    @packetlifetime_byte.setter
+    def packetlifetime_byte(self, value: int) -> None:
+        self.packet_life_selector, self.packet_life = _unpack_selector("packetlifetime_byte", value)
+
+    # -- codec ----------------------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        buf = Buffer(capacity=PATH_RECORD_LEN)
+        buf.push_uint64(self.service_id, "service_id")
+        buf.push_bytes(check_bytes("dgid", self.dgid, GID_LEN))
+        buf.push_bytes(check_bytes("sgid", self.sgid, GID_LEN))
+        buf.push_uint16(self.dlid, "dlid")
+        buf.push_uint16(self.slid, "slid")
+        buf.push_uint32(self.flowlabel_hoplimit, "flowlabel_hoplimit")
+        buf.push_uint8(self.tclass, "tclass")
+        buf.push_uint8(self.reversible_numpath, "reversible_numpath")
+        buf.push_uint16(self.pkey, "pkey")
+        buf.push_uint16(self.qosclass_sl, "qosclass_sl")
+        buf.push_uint8(self.mtu_byte, "mtu")
+        buf.push_uint8(self.rate_byte, "rate")
+        buf.push_uint8(self.packetlifetime_byte, "packetlifetime")
+        buf.push_uint8(self.preference, "preference")
+        buf.push_bytes(check_bytes("reserved", self.reserved, 6))
+        return buf.data
+
+    @classmethod
+    def decode(cls, data: bytes) -> PathRecord:
+        """Decode exactly 64 bytes (TruncatedError if shorter, OversizeError if longer)."""
+        check_exact_length("PathRecord", data, PATH_RECORD_LEN)
+        buf = Buffer(data)
+        record = cls(
+            service_id=buf.pull_uint64("service_id"),
+            dgid=buf.pull_bytes(GID_LEN, "dgid"),
+            sgid=buf.pull_bytes(GID_LEN, "sgid"),
+            dlid=buf.pull_uint16("dlid"),
+            slid=buf.pull_uint16("slid"),
+        )
+        record.flowlabel_hoplimit = buf.pull_uint32("flowlabel_hoplimit")
+        record.tclass = buf.pull_uint8("tclass")
+        record.reversible_numpath = buf.pull_uint8("reversible_numpath")
+        record.pkey = buf.pull_uint16("pkey")
+        record.qosclass_sl = buf.pull_uint16("qosclass_sl")
+        record.mtu_byte = buf.pull_uint8("mtu")
+        record.rate_byte = buf.pull_uint8("rate")
+        record.packetlifetime_byte = buf.pull_uint8("packetlifetime")
+        record.preference = buf.pull_uint8("preference")
+        record.reserved = buf.pull_bytes(6, "reserved")
+        return record
+
+    def comp_mask(self) -> int:
+        """The SA component mask C derives from the non-zero fields (mad-protocol.md §9.4).
+
+        RawTraffic, NumbPath and Preference are never set; FlowLabel is judged on the whole
+        upper 24 bits of ``flowlabel_hoplimit`` (so raw_traffic alone also sets it), exactly
+        as the C daemon does, so our SA queries match its queries bit for bit.
+        """
+        mask = 0
+        if self.service_id:
+            mask |= PathComp.SERVICE_ID
+        if self.dgid != ZERO_GID:
+            mask |= PathComp.DGID
+        if self.sgid != ZERO_GID:
+            mask |= PathComp.SGID
+        if self.dlid:
+            mask |= PathComp.DLID
+        if self.slid:
+            mask |= PathComp.SLID
+        fl_hop = self.flowlabel_hoplimit
+        if fl_hop >> 8:
+            mask |= PathComp.FLOW_LABEL
+        if fl_hop & 0xFF:
+            mask |= PathComp.HOP_LIMIT
+        if self.tclass:
+            mask |= PathComp.TCLASS
+        if self.reversible:
+            mask |= PathComp.REVERSIBLE
+        if self.pkey:
+            mask |= PathComp.PKEY
+        if self.qos_class:
+            mask |= PathComp.QOS_CLASS
+        if self.sl:
+            mask |= PathComp.SL
+        mask |= _selector_bits(self.mtu_selector, self.mtu, PathComp.MTU_SELECTOR, PathComp.MTU)
+        mask |= _selector_bits(self.rate_selector, self.rate, PathComp.RATE_SELECTOR, PathComp.RATE)
+        mask |= _selector_bits(
+            self.packet_life_selector,
+            self.packet_life,
+            PathComp.PACKET_LIFE_SELECTOR,
+            PathComp.PACKET_LIFE,
+        )
+        return int(mask)
+
+
+def _pack_selector(field: str, selector: int, value: int) -> int:
+    return (check_uint(f"{field}_selector", selector, 2) << 6) | check_uint(field, value, 6)
+
+
+def _unpack_selector(field: str, value: int) -> tuple[int, int]:
+    check_uint(field, value, 8)
+    return value >> 6, value & 0x3F
+
+
+def _selector_bits(selector: int, value: int, selector_bit: int, value_bit: int) -> int:
+    return (selector_bit if selector else 0) | (value_bit if value else 0)
