@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Debian package ibacm-trio from a copy of this tree, offline.
 #
-#   packaging/build-deb.sh [-o OUTDIR] [-n]
+#   packaging/build-deb.sh [-o OUTDIR] [-n] [-f]
 #
 #   -o OUTDIR  where the .deb, .buildinfo and .changes go (default: dist/ in the repository)
 #   -n         skip the build-time smoke test (DEB_BUILD_OPTIONS=nocheck)
+#   -f         fast xz compression (level 1: a larger .deb, built in seconds), for tests and CI
 #
 # packaging/debian becomes debian/ at the top of the copied tree, then
 # "dpkg-buildpackage -us -uc -b" runs there. The runtime dependencies are bundled from the
@@ -15,14 +16,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/dist
 nocheck=
+fast=
 usage() {
-	sed -n '3,8s/^# \{0,1\}//p' "$0" >&2
+	sed -n '3,9s/^# \{0,1\}//p' "$0" >&2
 	exit 2
 }
-while getopts o:nh opt; do
+while getopts o:nfh opt; do
 	case $opt in
 	o) out=$OPTARG ;;
 	n) nocheck=1 ;;
+	f) fast=1 ;;
 	*) usage ;;
 	esac
 done
@@ -62,6 +65,9 @@ fi
 rm -rf "$src/debian"
 cp -a "$src/packaging/debian" "$src/debian"
 
+if [ -n "$fast" ]; then
+	export IBACM_DEB_COMPRESSION="-Zxz -z1"
+fi
 if [ -n "$nocheck" ]; then
 	export DEB_BUILD_OPTIONS="${DEB_BUILD_OPTIONS:+$DEB_BUILD_OPTIONS }nocheck"
 fi

@@ -421,7 +421,17 @@ def verify(source: Path, layout: Layout) -> list[str]:
             raise BundleError(f"launcher {launcher} is missing or not executable")
     groups = ["console_scripts", *project.entry_points]
     libdir = str(layout.staged(layout.libdir).resolve())
-    command = [layout.python, "-I", "-c", VERIFY, libdir, project.name, project.version, *groups]
+    command = [
+        layout.python,
+        "-I",
+        "-B",
+        "-c",
+        VERIFY,
+        libdir,
+        project.name,
+        project.version,
+        *groups,
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

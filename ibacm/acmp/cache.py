@@ -103,11 +103,13 @@ class Operation:
     peer message, a port going down) decides the status and every waiter sees exactly that.
     """
 
-    __slots__ = ("done", "status", "waiters")
+    __slots__ = ("done", "path", "status", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.status = 0
+        self.path: PathRecord | None = None
+        """The route on success (the entry itself may change again before waiters run)."""
         self.waiters = 0
 
     @property
@@ -120,6 +122,23 @@ class Operation:
         self.status = int(status)
         self.done.set()
         return True
+
+
+class PendingQuery:
+    """A resolution task waiting for news about an entry: the answer to our ACM request, or
+    the peer's own request (which tells us its address just as well)."""
+
+    __slots__ = ("done", "entry", "status")
+
+    def __init__(self, entry: DestEntry) -> None:
+        self.entry = entry
+        self.done = trio.Event()
+        self.status = 0
+
+    def complete(self, status: int) -> None:
+        if not self.done.is_set():
+            self.status = int(status)
+            self.done.set()
 
 
 class DestEntry:
@@ -160,7 +179,7 @@ class DestEntry:
         self.addr_expiry = math.inf
         self.route_expiry = math.inf
         self.op: Operation | None = None
-        self.wake: trio.Event | None = None
+        self.wake: PendingQuery | None = None
         """Set by the resolution task while it waits for the peer; poked when data arrives."""
         self.loopback = False
         self.preloaded = False
@@ -174,10 +193,10 @@ class DestEntry:
         """Someone depends on this entry staying in the cache."""
         return self.op is not None or self.reply_tid is not None
 
-    def poke(self) -> None:
-        """Wake the resolution task waiting on this entry, if any."""
+    def poke(self, status: int = 0) -> None:
+        """Wake the resolution task waiting for the peer, if any, with ``status``."""
         if self.wake is not None:
-            self.wake.set()
+            self.wake.complete(status)
 
     def forget(self) -> None:
         """Back to INIT: drop everything learned (address expiry, failures)."""

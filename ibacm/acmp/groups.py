@@ -156,8 +156,9 @@ def parse_join_reply(raw: bytes, tid: int, mgid: bytes) -> McMemberRecord:
     """The granted record of a join reply; JoinError says why the join failed."""
     try:
         reply = SaMad.decode(raw)
-        if reply.mad.method != Method.SET_RESP:
-            raise JoinError(f"reply method 0x{reply.mad.method:02x} is not SetResp")
+        # IBA answers SubnAdmSet with SubnAdmGetResp (0x81).
+        if reply.mad.method not in (Method.GET_RESP, Method.SET_RESP):
+            raise JoinError(f"reply method 0x{reply.mad.method:02x} is not GetResp")
         if reply.mad.attr_id != SaAttr.MC_MEMBER_RECORD:
             raise JoinError(f"reply attribute 0x{reply.mad.attr_id:04x} is not MCMemberRecord")
         if (reply.mad.tid ^ tid) & 0xFFFFFFFF:
@@ -205,9 +206,7 @@ def group_path(granted: McMemberRecord, port_lid: int) -> PathRecord:
     return path
 
 
-def select_group(
-    offered: Sequence[bytes], joined: dict[bytes, McGroup]
-) -> McGroup | None:
+def select_group(offered: Sequence[bytes], joined: dict[bytes, McGroup]) -> McGroup | None:
     """The most preferred of the peer's MGIDs (last first) that we joined too (§4.4)."""
     for mgid in reversed(offered):
         group = joined.get(mgid)

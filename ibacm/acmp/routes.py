@@ -94,9 +94,7 @@ class SaPaths:
             if isinstance(reply, SaOutcome):
                 return reply, []
             try:
-                records = [
-                    PathRecord.decode(raw) for raw in reply.records(PATH_RECORD_LEN)
-                ]
+                records = [PathRecord.decode(raw) for raw in reply.records(PATH_RECORD_LEN)]
             except WireError as exc:
                 return SaOutcome(AcmStatus.ENODATA, reason=f"bad GetTable reply: {exc}"), []
             return SaOutcome(reply.sa_status), records
@@ -174,9 +172,7 @@ def address_query(sgid: bytes, dgid: bytes, tclass: int, pkey: int) -> PathRecor
     return PathRecord(sgid=sgid, dgid=dgid, tclass=tclass, pkey=pkey)
 
 
-def path_query(
-    request: PathRecord, pkey: int, port_lid: int, port_gid: bytes
-) -> PathRecord:
+def path_query(request: PathRecord, pkey: int, port_lid: int, port_gid: bytes) -> PathRecord:
     """The SA query for a path-form request (behavior.md §10.3): pkey, dgid, dlid, and our
     slid/sgid unless the client gave them. Other client fields are not forwarded, as C."""
     return PathRecord(

@@ -308,14 +308,21 @@ class _Session:
         self.unsubscribe()
         kinds: list[str] | None = request.args["kinds"]
         max_queue: int = request.args["max_queue"] or 1000
-        subscription = self.server.bus.subscribe(max_queue, kinds=kinds)
+        replay: int = request.args["replay"]
+        subscription = self.server.bus.subscribe(max_queue, kinds=kinds, replay=replay)
         scope = trio.CancelScope()
         self.subscription, self.forwarder = subscription, scope
         # The reply is sent before the forwarder's first event: the forwarder only starts
         # running after this request's reply, because the reader awaits the send first.
         self.nursery.start_soon(self.forward, subscription, scope)
         return wire.ok_reply(
-            request.id, {"subscribed": True, "kinds": kinds, "max_queue": max_queue}
+            request.id,
+            {
+                "subscribed": True,
+                "kinds": kinds,
+                "max_queue": max_queue,
+                "replayed": len(subscription.queue),
+            },
         )
 
     def unsubscribe(self) -> bool:

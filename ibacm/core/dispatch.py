@@ -141,7 +141,8 @@ def local_ips(devices: Sequence[DeviceState]) -> list[LocalIp]:
     ips = []
     for slot in all_addresses(devices):
         if slot.core.type in (AddrType.IP, AddrType.IP6):
-            ips.append(LocalIp(ip_of(EpAddr(0, slot.core.type, slot.core.info)), slot.prefixlen, slot.ifname))
+            address = ip_of(EpAddr(0, slot.core.type, slot.core.info))
+            ips.append(LocalIp(address, slot.prefixlen, slot.ifname))
     return ips
 
 
@@ -176,21 +177,33 @@ class Dispatcher:
     probe: Probe = kernel_probe
     max_paths: int = field(default=MAX_EPS)
 
-    async def handle(self, frame: bytes, client: str) -> bytes:
-        """The reply to one framed request (``ClientFramer`` already checked version,
-        opcode and length)."""
+    def answer_now(self, frame: bytes) -> bytes | None:
+        """Admit one framed request (``ClientFramer`` checked version, opcode and length).
+
+        PERF_QUERY and EP_QUERY are answered at once, as the C main loop does, so counters
+        reflect every request received before; a RESOLVE is counted now and answered later
+        by ``resolve`` (None is returned).
+        """
         op = frame[1] & OP_MASK
-        if op == AcmOp.RESOLVE:
-            return await self.resolve(frame, client)
         if op == AcmOp.PERF_QUERY:
             return self.perf_query(frame)
         if op == AcmOp.EP_QUERY:
             return self.ep_query(frame)
+        if op == AcmOp.RESOLVE:
+            self.counters.increment(Counter.RESOLVE)
+            return None
         raise WireError(f"opcode 0x{frame[1]:02x} is not a request this server handles")
+
+    async def handle(self, frame: bytes, client: str) -> bytes:
+        """The reply to one framed request."""
+        reply = self.answer_now(frame)
+        if reply is not None:
+            return reply
+        return await self.resolve(frame, client)
 
     # -- RESOLVE -------------------------------------------------------------------------------
     async def resolve(self, frame: bytes, client: str) -> bytes:
-        self.counters.increment(Counter.RESOLVE)
+        """Answer an admitted RESOLVE (address form, path form or QUERY_SA)."""
         message = AcmMessage.decode(frame)
         first = entry_zero(frame)
         if first.type == AddrType.PATH and first.flags & EpFlag.QUERY_SA:

@@ -27,6 +27,8 @@ DROPPED = "dropped"
 """Kind of the marker that reports events lost to a full subscriber queue."""
 
 DEFAULT_MAX_QUEUE = 1000
+DEFAULT_HISTORY = 200
+"""Recent events (of the history kinds, by default log records) kept for ``replay``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +136,20 @@ class Subscription:
 class EventBus:
     """Fan-out of daemon events to bounded per-subscriber queues."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        *,
+        history: int = DEFAULT_HISTORY,
+        history_kinds: Collection[str] = ("log",),
+    ) -> None:
         self.clock = clock
         self._subscribers: list[Subscription] = []
         self._token: trio.lowlevel.TrioToken | None = None
         self._trio_thread: int | None = None
+        self._history_kinds = frozenset(history_kinds)
+        # Recent events of the history kinds, so a new subscriber can see what just happened.
+        self._history: collections.deque[Event] = collections.deque(maxlen=max(0, history))
 
     @property
     def subscriber_count(self) -> int:
@@ -149,24 +160,34 @@ class EventBus:
         return any(subscription.wants(kind) for subscription in self._subscribers)
 
     def subscribe(
-        self, max_queue: int = DEFAULT_MAX_QUEUE, *, kinds: Collection[str] | None = None
+        self,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        *,
+        kinds: Collection[str] | None = None,
+        replay: int = 0,
     ) -> Subscription:
         """A new subscription (call inside the daemon's trio run).
 
         ``kinds`` limits it to those event kinds; the ``dropped`` marker always comes through.
+        ``replay`` queues up to that many recent history events (log records) first.
         """
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        if replay < 0:
+            raise ValueError(f"replay must not be negative, got {replay}")
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
         wanted = frozenset(kinds) if kinds is not None else None
         subscription = Subscription(self, max_queue, wanted)
+        if replay:
+            recent = [event for event in self._history if subscription.wants(event.kind)]
+            subscription.queue.extend(recent[-min(replay, max_queue) :])
         self._subscribers.append(subscription)
         return subscription
 
     def publish(self, kind: str, data: Mapping[str, Any]) -> None:
         """Offer an event to every subscriber; never blocks, never raises for a subscriber."""
-        if not self._subscribers:
+        if not self._subscribers and kind not in self._history_kinds:
             return
         event = Event(kind, dict(data), self.clock())
         if self._trio_thread is None or threading.get_ident() == self._trio_thread:
@@ -180,6 +201,8 @@ class EventBus:
             token.run_sync_soon(self._deliver, event)
 
     def _deliver(self, event: Event) -> None:
+        if event.kind in self._history_kinds:
+            self._history.append(event)
         for subscription in tuple(self._subscribers):
             if subscription.wants(event.kind):
                 subscription.offer(event)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import sys
@@ -169,7 +170,8 @@ class LogControl:
     def close(self) -> None:
         root = logging.getLogger()
         if self.handler is not None:
-            self.handler.flush()
+            with contextlib.suppress(ValueError, OSError):  # the stream may be closed already
+                self.handler.flush()
             root.removeHandler(self.handler)
             self.handler = None
         self._close_owned()
@@ -179,10 +181,9 @@ class LogControl:
     ) -> MutableMapping[str, Any]:
         bus = self.bus
         if bus is not None:
-            try:
+            # Logging must never fail because of a subscriber.
+            with contextlib.suppress(Exception):
                 bus.publish("log", {k: _plain(v) for k, v in event_dict.items()})
-            except Exception:  # noqa: BLE001 - logging must never fail because of a subscriber
-                pass
         return event_dict
 
 

@@ -91,7 +91,9 @@ def _interface_index(ifname: str | None) -> int | None:
         return None
 
 
-async def _link_local(dest: ipaddress.IPv6Address, local: Sequence[LocalIp], probe: Probe) -> IpAddress:
+async def _link_local(
+    dest: ipaddress.IPv6Address, local: Sequence[LocalIp], probe: Probe
+) -> IpAddress:
     candidates = [ip for ip in local if ip.address.version == 6 and ip.address.is_link_local]
     if not candidates:
         raise SourceSelectionError(

@@ -77,7 +77,7 @@ def discover_providers(
         try:
             obj = entry_point.load()
             entry = check_provider_class(obj, origin)
-        except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the daemon
+        except Exception as exc:  # a broken provider must not stop the daemon
             reason = f"{type(exc).__name__}: {exc}"
             rejected.append(RejectedProvider(origin, reason))
             log.error("provider skipped", provider=origin, reason=reason)
@@ -162,7 +162,7 @@ class ProviderSet:
         for entry in entries:
             try:
                 instances[entry.name] = entry.cls(core)
-            except Exception as exc:  # noqa: BLE001 - skip it like a failed provider_query
+            except Exception as exc:  # skip it like a failed provider_query
                 log.error("provider skipped", provider=entry.name, reason=f"{exc!r}")
         return cls(instances, default=default, rules=rules)
 
@@ -172,7 +172,7 @@ class ProviderSet:
         for provider in self.providers:
             try:
                 await provider.start()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.error("provider failed to start", provider=provider.name, error=repr(exc))
                 failed.append(provider)
         for provider in failed:
@@ -189,5 +189,5 @@ class ProviderSet:
         for provider in self.providers:
             try:
                 await provider.stop()
-            except Exception as exc:  # noqa: BLE001 - the others still get their stop()
+            except Exception as exc:  # the others still get their stop()
                 log.error("provider failed to stop", provider=provider.name, error=repr(exc))

@@ -32,6 +32,9 @@ MAX_REQUEST_LINE: Final = 64 * 1024
 MAX_SERVER_LINE: Final = 64 * 1024 * 1024
 """Longest line a client accepts (a snapshot of a large cache is one line)."""
 
+MAX_REPLAY: Final = 1000
+"""Most recent log records a ``subscribe`` may ask to have replayed."""
+
 LOG_LEVELS: Final[tuple[int, ...]] = (0, 1, 2)
 """ACM ``log_level`` values: 0 basic, 1 verbose configuration, 2 verbose operation."""
 
@@ -206,15 +209,15 @@ def _optional_str(request: Mapping[str, Any], key: str, request_id: RequestId) -
     return value.strip()
 
 
-def _positive_int(
-    request: Mapping[str, Any], key: str, request_id: RequestId, *, limit: int
+def _bounded_int(
+    request: Mapping[str, Any], key: str, request_id: RequestId, *, low: int, high: int
 ) -> int | None:
     value = request.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise AdminProtocolError(
-            f"{key!r} must be an integer from 1 to {limit}, got {value!r}",
+            f"{key!r} must be an integer from {low} to {high}, got {value!r}",
             ErrorCode.BAD_ARGUMENT,
             request_id,
         )
@@ -267,7 +270,8 @@ def _arguments(cmd: Command, raw: Mapping[str, Any], request_id: RequestId) -> d
     if cmd is Command.SUBSCRIBE:
         return {
             "kinds": _kinds(raw, request_id),
-            "max_queue": _positive_int(raw, "max_queue", request_id, limit=100_000),
+            "max_queue": _bounded_int(raw, "max_queue", request_id, low=1, high=100_000),
+            "replay": _bounded_int(raw, "replay", request_id, low=0, high=MAX_REPLAY) or 0,
         }
     if cmd is Command.FLUSH:
         return {

@@ -15,6 +15,8 @@ import struct
 from ibacm.wire.errors import FieldRangeError, OversizeError, TruncatedError, check_uint
 
 _FORMATS: dict[tuple[int, str], struct.Struct] = {
+    (1, "big"): struct.Struct(">B"),
+    (1, "little"): struct.Struct("<B"),
     (2, "big"): struct.Struct(">H"),
     (4, "big"): struct.Struct(">I"),
     (8, "big"): struct.Struct(">Q"),
@@ -22,6 +24,15 @@ _FORMATS: dict[tuple[int, str], struct.Struct] = {
     (4, "little"): struct.Struct("<I"),
     (8, "little"): struct.Struct("<Q"),
 }
+
+
+def _format(size: int, order: str) -> struct.Struct:
+    try:
+        return _FORMATS[(size, order)]
+    except KeyError:
+        raise FieldRangeError(
+            f"integer layout: {size} bytes {order}-endian is not supported (1, 2, 4, 8)"
+        ) from None
 
 
 class Buffer:
@@ -100,11 +111,11 @@ class Buffer:
         return self._pull_int(8, "little", field)
 
     def pull_uint(self, size: int, byteorder: str, field: str = "uint") -> int:
-        """Read a 2-, 4- or 8-byte integer in ``byteorder`` ("big" or "little")."""
+        """Read a 1-, 2-, 4- or 8-byte integer in ``byteorder`` ("big" or "little")."""
         return self._pull_int(size, byteorder, field)
 
     def _pull_int(self, size: int, order: str, field: str) -> int:
-        value: int = _FORMATS[(size, order)].unpack(self.pull_bytes(size, field))[0]
+        value: int = _format(size, order).unpack(self.pull_bytes(size, field))[0]
         return value
 
     # -- push -----------------------------------------------------------------------------
@@ -146,9 +157,9 @@ class Buffer:
         self._push_int(value, 8, "little", field)
 
     def push_uint(self, value: int, size: int, byteorder: str, field: str = "uint") -> None:
-        """Write a 2-, 4- or 8-byte integer in ``byteorder`` ("big" or "little")."""
+        """Write a 1-, 2-, 4- or 8-byte integer in ``byteorder`` ("big" or "little")."""
         self._push_int(value, size, byteorder, field)
 
     def _push_int(self, value: int, size: int, order: str, field: str) -> None:
         check_uint(field, value, size * 8)
-        self.push_bytes(_FORMATS[(size, order)].pack(value), field)
+        self.push_bytes(_format(size, order).pack(value), field)

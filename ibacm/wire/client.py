@@ -258,12 +258,12 @@ def pad_address(addr_type: int, raw: bytes) -> bytes:
     return raw.ljust(ADDR_LEN, b"\0")
 
 
-def _name_bytes(name: str, what: str) -> bytes:
+def _name_bytes(name: str, what: str, allow_empty: bool = False) -> bytes:
     # Names travel NUL-terminated in a 64-byte field, as ib_acme's snprintf writes them.
     if not isinstance(name, str):
         raise FieldRangeError(f"{what}: expected text, got {type(name).__name__}")
     raw = name.encode("utf-8")
-    if not raw:
+    if not raw and not allow_empty:
         raise FieldRangeError(f"{what}: must not be empty")
     if b"\0" in raw:
         raise FieldRangeError(f"{what}: {name!r} contains a NUL character")
@@ -628,7 +628,7 @@ def decode_ep_request(data: bytes) -> EpRequest:
 
 
 def _push_text64(buf: Buffer, text: str, what: str) -> None:
-    buf.push_bytes(_name_bytes(text, what).ljust(ADDR_LEN, b"\0"), what)
+    buf.push_bytes(_name_bytes(text, what, allow_empty=True).ljust(ADDR_LEN, b"\0"), what)
 
 
 @dataclass(slots=True)

@@ -17,62 +17,12 @@ import trio.testing
 from ibacm.core.admin import AdminSocketError, serve_admin
 from ibacm.core.events import EventBus
 from ibacm.wire import admin as wire
+from tests.tui.lab import LabDaemon
 
 
 @pytest.fixture
 def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
-
-
-class LabDaemon:
-    """A small but complete DaemonControl: endpoints with caches that flush really empties."""
-
-    def __init__(self, bus: EventBus) -> None:
-        self.bus = bus
-        self.log_level = 0
-        self.reloads = 0
-        self.fail_reload = False
-        self.counters = [0, 12, 1, 0, 0, 3, 9]
-        self.caches: dict[str, dict[str, dict[str, Any]]] = {
-            "mlx5_0/1/0xffff": {
-                "10.0.0.3": {"dest": "10.0.0.3", "type": "ip", "state": "READY", "hits": 4},
-                "node4": {"dest": "node4", "type": "name", "state": "READY", "hits": 1},
-            },
-            "mlx5_0/2/0xffff": {
-                "10.0.1.3": {"dest": "10.0.1.3", "type": "ip", "state": "READY", "hits": 2},
-            },
-        }
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "daemon": {"pid": os.getpid(), "log_level": self.log_level},
-            "counters": list(self.counters),
-            "endpoints": [
-                {"id": ep, "cache": list(cache.values()), "counters": list(self.counters)}
-                for ep, cache in self.caches.items()
-            ],
-        }
-
-    async def flush(self, endpoint: str | None, dest: str | None) -> int:
-        if endpoint is not None and endpoint not in self.caches:
-            raise LookupError(f"unknown endpoint {endpoint!r}")
-        flushed = 0
-        for ep, cache in self.caches.items():
-            if endpoint not in (None, ep):
-                continue
-            for key in [k for k in cache if dest in (None, k)]:
-                del cache[key]
-                flushed += 1
-                self.bus.publish("cache", {"endpoint": ep, "dest": key, "removed": True})
-        return flushed
-
-    async def reload(self) -> None:
-        if self.fail_reload:
-            raise OSError("ibacm_opts.cfg: permission denied")
-        self.reloads += 1
-
-    def set_log_level(self, level: int) -> None:
-        self.log_level = level
 
 
 class Client:
@@ -123,9 +73,11 @@ async def admin_server(
     bus = EventBus(clock=lambda: 1000.0)
     daemon = LabDaemon(bus)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: serve_admin(
-            str(path), daemon, bus, task_status=task_status, **kwargs
-        ))
+        await nursery.start(
+            lambda task_status: serve_admin(
+                str(path), daemon, bus, task_status=task_status, **kwargs
+            )
+        )
         yield daemon, bus, nursery
         nursery.cancel_scope.cancel()
 
@@ -201,6 +153,7 @@ async def test_bad_input_gets_specific_errors_and_the_session_goes_on(sock: Path
             (b'{"id": 5, "cmd": "flush", "dest": 42}\n', "bad_argument", "'dest' must be"),
             (b'{"id": 6, "cmd": "subscribe", "max_queue": 0}\n', "bad_argument", "max_queue"),
             (b'{"id": 7, "cmd": "subscribe", "kinds": "log"}\n', "bad_argument", "'kinds'"),
+            (b'{"id": 7, "cmd": "subscribe", "replay": 5000}\n', "bad_argument", "0 to 1000"),
             (b'{"id": 8, "cmd": "snapshot", "x": NaN}\n', "bad_json", "NaN is not allowed"),
         ]
         for line, code, text in cases:
@@ -271,10 +224,14 @@ async def test_reload_and_set_log_level_act_on_the_daemon(sock: Path) -> None:
 async def test_subscription_streams_events_after_its_reply(sock: Path) -> None:
     async with admin_server(sock) as (_daemon, bus, _), connect(sock) as client:
         bus.publish("log", {"event": "too early"})  # before subscribing: not seen
-        await client.send_raw(b'{"v":1,"id":1,"cmd":"subscribe","kinds":["log","cache"]}\n')
+        first = await client.call("subscribe", kinds=["log", "cache"])
+        assert first.result == {
+            "subscribed": True,
+            "kinds": ["log", "cache"],
+            "max_queue": 1000,
+            "replayed": 0,
+        }
         bus.publish("log", {"event": "hello", "level": "info"})
-        first = await client.read()
-        assert isinstance(first, wire.Reply) and first.result["subscribed"] is True
         event = await client.read()
         assert isinstance(event, wire.EventMessage)
         assert (event.event, dict(event.data), event.ts) == (
@@ -295,12 +252,28 @@ async def test_subscription_streams_events_after_its_reply(sock: Path) -> None:
 
 
 @pytest.mark.trio
+async def test_subscribe_can_replay_recent_log_records(sock: Path) -> None:
+    async with admin_server(sock) as (_daemon, bus, _), connect(sock) as client:
+        for n in range(5):
+            bus.publish("log", {"event": f"before {n}"})
+        bus.publish("cache", {"dest": "x"})  # not a history kind: never replayed
+        reply = await client.call("subscribe", replay=3)
+        assert reply.result["replayed"] == 3
+        bus.publish("log", {"event": "live"})
+        events = [await client.read() for _ in range(4)]
+    texts = [m.data["event"] for m in events if isinstance(m, wire.EventMessage)]
+    assert texts == ["before 2", "before 3", "before 4", "live"]
+
+
+@pytest.mark.trio
 async def test_stats_events_carry_counters(sock: Path, autojump_clock: object) -> None:
-    async with admin_server(sock, stats_interval=1.0) as (daemon, _bus, _):
-        async with connect(sock) as client:
-            await client.call("subscribe", kinds=["stats"])
-            daemon.counters[1] = 40
-            event = await client.read()
+    async with (
+        admin_server(sock, stats_interval=1.0) as (daemon, _bus, _),
+        connect(sock) as client,
+    ):
+        await client.call("subscribe", kinds=["stats"])
+        daemon.counters[1] = 40
+        event = await client.read()
     assert isinstance(event, wire.EventMessage) and event.event == "stats"
     assert event.data["counters"][1] == 40
     assert event.data["endpoints"]["mlx5_0/1/0xffff"][1] == 40
@@ -324,19 +297,22 @@ async def test_slow_subscriber_gets_dropped_marker(sock: Path) -> None:
 async def test_stuck_client_is_cut_off_and_others_are_served(
     sock: Path, autojump_clock: object
 ) -> None:
-    async with admin_server(sock, send_timeout=5.0) as (_daemon, bus, _):
-        async with connect(sock) as stuck, connect(sock) as other:
-            await stuck.call("subscribe", max_queue=100)
-            big = {"event": "x" * 16384}
-            # Publishing stays instant although nobody reads the stuck client's socket.
-            with trio.fail_after(0.01):
-                for _ in range(2000):
-                    bus.publish("log", big)
-                    await trio.sleep(0)
-            assert (await other.call("snapshot")).ok
-            await trio.sleep(10)  # past the send timeout: the stuck session is closed
-            assert bus.subscriber_count == 0
-            assert (await other.call("hello")).ok
+    async with (
+        admin_server(sock, send_timeout=5.0) as (_daemon, bus, _),
+        connect(sock) as stuck,
+        connect(sock) as other,
+    ):
+        await stuck.call("subscribe", max_queue=100)
+        big = {"event": "x" * 16384}
+        # Publishing stays instant although nobody reads the stuck client's socket.
+        with trio.fail_after(0.01):
+            for _ in range(2000):
+                bus.publish("log", big)
+                await trio.sleep(0)
+        assert (await other.call("snapshot")).ok
+        await trio.sleep(10)  # past the send timeout: the stuck session is closed
+        assert bus.subscriber_count == 0
+        assert (await other.call("hello")).ok
 
 
 @pytest.mark.trio

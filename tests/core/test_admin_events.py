@@ -153,3 +153,21 @@ def test_publish_outside_trio_without_subscribers_is_harmless() -> None:
 async def test_max_queue_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_queue must be at least 1"):
         EventBus().subscribe(max_queue=0)
+
+
+@pytest.mark.trio
+async def test_log_history_is_kept_without_subscribers_and_replayed() -> None:
+    bus = EventBus(history=3)
+    for n in range(5):
+        bus.publish("log", {"n": n})  # e.g. start-up logs, before anyone subscribed
+    bus.publish("cache", {"n": 99})
+    everything = bus.subscribe(replay=10)
+    assert [e.data["n"] for e in drain(everything)] == [2, 3, 4]  # type: ignore[attr-defined]
+    nothing_asked = bus.subscribe()
+    assert drain(nothing_asked) == []
+    small = bus.subscribe(max_queue=2, replay=10)
+    assert [e.data["n"] for e in drain(small)] == [3, 4]  # type: ignore[attr-defined]
+    only_cache = bus.subscribe(kinds=["cache"], replay=10)
+    assert drain(only_cache) == []
+    with pytest.raises(ValueError, match="replay must not be negative"):
+        bus.subscribe(replay=-1)

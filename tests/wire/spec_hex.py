@@ -90,4 +90,3 @@ def labelled_dump(block: str) -> dict[str, list[bytes]]:
         elif label is not None and line.strip():
             result[label].append(bytes(_line_bytes(line.strip())))
     return result
-

@@ -197,7 +197,10 @@ def test_perf_queries() -> None:
 def test_ep_queries_walk_index_and_port() -> None:
     request = decode_ep_request(capture("e_010"))
     assert (request.index, request.port) == (2, 9)
-    assert (decode_ep_request(capture("e_001")).index, decode_ep_request(capture("e_001")).port) == (
+    assert (
+        decode_ep_request(capture("e_001")).index,
+        decode_ep_request(capture("e_001")).port,
+    ) == (
         1,
         1,
     )

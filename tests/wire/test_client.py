@@ -316,7 +316,9 @@ def test_ep_reply_error_and_cap() -> None:
     failure = encode_ep_reply(request, AcmStatus.EINVAL, None)
     assert failure == AcmHdr(opcode=0x83, status=2, data0=5, tid=1).encode()
     assert decode_ep_reply(failure) == (AcmHdr.decode(failure), None)
-    config = EpConfig(1, 1, 2, 0x8001, "ibacmp", [f"10.0.{i // 256}.{i % 256}" for i in range(1100)])
+    config = EpConfig(
+        1, 1, 2, 0x8001, "ibacmp", [f"10.0.{i // 256}.{i % 256}" for i in range(1100)]
+    )
     raw = encode_ep_reply(request, 0, config)
     assert len(raw) == 16 + 80 + 64 * MAX_EP_ADDRS <= EP_REPLY_MAX
     _, parsed = decode_ep_reply(raw)
@@ -339,3 +341,27 @@ def test_ep_reply_with_inconsistent_addr_count() -> None:
 def test_paths_survive_a_resolve_reply(path: PathRecord) -> None:
     reply = AcmMessage.decode(encode_resolve_reply(AcmHdr(opcode=1), 0, [path]))
     assert reply.entries[0].path() == path
+
+
+ep_texts = st.text(max_size=63).filter(lambda t: "\0" not in t and len(t.encode()) <= 63)
+
+
+@given(
+    st.builds(
+        EpConfig,
+        dev_guid=uint(64),
+        port_num=uint(8),
+        phys_port_cnt=uint(8),
+        pkey=uint(16),
+        prov_name=ep_texts,
+        addrs=st.lists(ep_texts, max_size=12),
+    ),
+    uint(8),
+    uint(64),
+)
+@settings(max_examples=200)
+def test_ep_config_round_trip(config: EpConfig, index: int, tid: int) -> None:
+    request = AcmHdr(opcode=AcmOp.EP_QUERY, data0=index, data1=1, tid=tid)
+    hdr, parsed = decode_ep_reply(encode_ep_reply(request, AcmStatus.SUCCESS, config))
+    assert parsed == config
+    assert (hdr.opcode, hdr.data0, hdr.data1, hdr.tid) == (0x83, index, 0, tid)

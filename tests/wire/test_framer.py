@@ -50,7 +50,9 @@ def frames_of(framer: ClientFramer) -> list[bytes]:
 
 @given(st.lists(requests, min_size=1, max_size=6), st.data())
 @settings(max_examples=200)
-def test_random_fragmentation_of_pipelined_requests(messages: list[bytes], data: st.DataObject) -> None:
+def test_random_fragmentation_of_pipelined_requests(
+    messages: list[bytes], data: st.DataObject
+) -> None:
     stream = b"".join(messages)
     cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=20)))
     framer = ClientFramer()
@@ -87,7 +89,11 @@ def test_partial_message_stays_buffered() -> None:
         (bytes.fromhex("0101000000000800"), FramingFault.BAD_LENGTH, "length 8 is not valid"),
         (bytes.fromhex("0101000000005802"), FramingFault.BAD_LENGTH, "length 600 is not valid"),
         # A PERF/EP request with a little-endian length reads as 4096 on the server.
-        (bytes.fromhex("0102000000001000"), FramingFault.BAD_LENGTH, "4096 is not valid for a PERF"),
+        (
+            bytes.fromhex("0102000000001000"),
+            FramingFault.BAD_LENGTH,
+            "4096 is not valid for a PERF",
+        ),
         (bytes.fromhex("0102000000000030"), FramingFault.BAD_LENGTH, "length 48"),
         (bytes.fromhex("0103000000000058"), FramingFault.BAD_LENGTH, "EP_QUERY request"),
         # 0x81 is framed big-endian by the server: 0x5800 bytes is far too long.

@@ -263,3 +263,32 @@ class SaAgent:
             self._umad.send(portid, self._agent, ack, address, timeout_ms=0, retries=0)
         except UmadError as exc:
             transaction.error = SaSendError(f"cannot acknowledge RMPP segment: {exc}")
+
+
+class PortSa:
+    """The SA access of one port: its agent, or why it has none.
+
+    As in C, a port whose umad agent cannot be opened keeps working without SA access; its
+    SA requests then fail with a ``SaSendError`` that says why.
+    """
+
+    def __init__(self, umad: UmadApi, ca_name: str, port_num: int) -> None:
+        self._agent: SaAgent | None = SaAgent(umad, ca_name, port_num)
+        self.error = ""
+        try:
+            self._agent.open()
+        except UmadError as exc:
+            self._agent, self.error = None, str(exc)
+            log.warning("no SA access on port", device=ca_name, port=port_num, error=self.error)
+        self._where = f"{ca_name} port {port_num}"
+
+    async def request(
+        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> bytes:
+        if self._agent is None:
+            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
+        return await self._agent.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
+
+    async def aclose(self) -> None:
+        if self._agent is not None:
+            await self._agent.aclose()

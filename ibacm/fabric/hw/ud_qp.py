@@ -71,7 +71,14 @@ class HwUdQp(UdQp):
             raise FabricError(f"recv_depth must be at least 1, got {recv_depth}")
         self._res = res
         self._recv_depth = recv_depth
-        self._closing: list[Any] = []  # pyverbs objects, closed in reverse order
+        self._closing: list[Any] = []  # pyverbs objects, closed in reverse creation order
+        self._free_slots = list(range(SEND_DEPTH))
+        self._send_credits = trio.Semaphore(SEND_DEPTH)
+        self._sends: dict[int, _Send] = {}
+        self._received: deque[ReceivedMad] = deque()
+        self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
+        self.dropped = 0
+        """Received MADs dropped because nobody consumed the queue fast enough."""
         try:
             self._create(pkey_index)
         except res.pv.Error as exc:
@@ -80,28 +87,22 @@ class HwUdQp(UdQp):
         except BaseException:
             self._destroy()
             raise
-        self._free_slots = list(range(SEND_DEPTH))
-        self._send_credits = trio.Semaphore(SEND_DEPTH)
-        self._sends: dict[int, _Send] = {}
-        self._received: deque[ReceivedMad] = deque()
-        self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
-        self._groups: set[tuple[bytes, int]] = set()
         self._poller = TurnPoller(self._completion_step, name=f"UD QP {self.qpn:#x}")
-        self.dropped = 0
-        """Received MADs dropped because nobody consumed the queue fast enough."""
 
     def _create(self, pkey_index: int) -> None:
         res, pv = self._res, self._res.pv
+        # Created so that the reverse order (QP, MR, CQ, channel) is a valid teardown.
         self._channel = self._keep(pv.cq.CompChannel(res.ctx))
         self._fd = res.handles.comp_channel_fd(self._channel, res.ctx_handle)
-        self._cq = self._keep(pv.cq.CQ(res.ctx, SEND_DEPTH + self._recv_depth, None, self._channel, 0))
+        cq_size = SEND_DEPTH + self._recv_depth
+        self._cq = self._keep(pv.cq.CQ(res.ctx, cq_size, None, self._channel, 0))
         self._cq.req_notify()
+        size = (self._recv_depth + SEND_DEPTH) * attrs.RECV_SIZE
+        self._mr = self._keep(pv.mr.MR(res.pd, size, pv.enums.IBV_ACCESS_LOCAL_WRITE))
         init = attrs.qp_init_attr(pv, self._cq, send_depth=SEND_DEPTH, recv_depth=self._recv_depth)
         state = attrs.ud_qp_attr(pv, port_num=res.port_num, pkey_index=pkey_index)
         self._qp = self._keep(pv.qp.QP(res.pd, init, state))
         self._qp_pointer = res.handles.qp(self._qp, res.ctx_handle)
-        size = (self._recv_depth + SEND_DEPTH) * attrs.RECV_SIZE
-        self._mr = self._keep(pv.mr.MR(res.pd, size, pv.enums.IBV_ACCESS_LOCAL_WRITE))
         for slot in range(self._recv_depth):
             self._post_recv(slot)
 
@@ -124,18 +125,21 @@ class HwUdQp(UdQp):
         wr_id = SEND_WR_BASE + slot
         try:
             self._post_send(slot, wr_id, mad, av, remote_qpn)
-        except BaseException:
+        except BaseException as exc:
             self._release(slot)
+            if isinstance(exc, self._res.pv.Error):
+                raise FabricError(f"cannot post a send on UD QP {self.qpn:#x}: {exc}") from exc
             raise
         record = self._sends[wr_id] = _Send(slot)
         try:
             await self._poller.wait_until(lambda: record.status is not None)
-        except BaseException:
-            # The WR is still owned by the HCA: its slot comes back with the completion.
-            record.abandoned = True
-            raise
-        del self._sends[wr_id]
-        self._release(slot)
+        finally:
+            if record.status is None:
+                # Still owned by the HCA: the slot comes back with the completion.
+                record.abandoned = True
+            else:
+                del self._sends[wr_id]
+                self._release(slot)
         if record.status != self._res.pv.enums.IBV_WC_SUCCESS:
             raise FabricError(f"send completion error: status {record.status}")
 
@@ -146,12 +150,10 @@ class HwUdQp(UdQp):
     async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
         self._require_open()
         self._res.lib.attach_mcast(self._qp_pointer, mgid, mlid)
-        self._groups.add((mgid, mlid))
 
     async def detach_mcast(self, mgid: bytes, mlid: int) -> None:
         self._require_open()
         self._res.lib.detach_mcast(self._qp_pointer, mgid, mlid)
-        self._groups.discard((mgid, mlid))
 
     async def aclose(self) -> None:
         if self._poller.closed:
@@ -168,19 +170,11 @@ class HwUdQp(UdQp):
             raise trio.ClosedResourceError(f"UD QP {self.qpn:#x} is closed")
 
     def _destroy(self) -> None:
-        for ah in self._ahs.values() if hasattr(self, "_ahs") else ():
+        for ah in self._ahs.values():
             ah.close()
-        # QP before CQ before channel; the kernel detaches multicast groups with the QP.
-        for obj in (self._qp_or_none(), *reversed(self._closing)):
-            if obj is not None:
-                obj.close()
-        self._closing = []
-
-    def _qp_or_none(self) -> Any:
-        qp = getattr(self, "_qp", None)
-        if qp is not None and qp in self._closing:
-            self._closing.remove(qp)
-        return qp
+        self._ahs.clear()
+        while self._closing:
+            self._closing.pop().close()
 
     def _release(self, slot: int) -> None:
         self._free_slots.append(slot)
@@ -220,16 +214,19 @@ class HwUdQp(UdQp):
 
     async def _completion_step(self) -> None:
         await trio.lowlevel.wait_readable(self._fd)
-        self._channel.get_cq_event(self._cq)
-        self._cq.ack_events(1)
-        # Re-arm before polling: a completion after the last poll raises a new event.
-        self._cq.req_notify()
-        while True:
-            count, completions = self._cq.poll(POLL_BATCH)
-            for wc in completions[:count]:
-                self._completion(wc)
-            if count < POLL_BATCH:
-                return
+        try:
+            self._channel.get_cq_event(self._cq)
+            self._cq.ack_events(1)
+            # Re-arm before polling: a completion after the last poll raises a new event.
+            self._cq.req_notify()
+            while True:
+                count, completions = self._cq.poll(POLL_BATCH)
+                for wc in completions[:count]:
+                    self._completion(wc)
+                if count < POLL_BATCH:
+                    return
+        except self._res.pv.Error as exc:
+            raise FabricError(f"completion queue of UD QP {self.qpn:#x}: {exc}") from exc
 
     def _completion(self, wc: Any) -> None:
         if wc.wr_id >= SEND_WR_BASE:

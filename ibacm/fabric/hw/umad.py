@@ -140,7 +140,13 @@ class UmadSendAddress:
 
 
 class UmadApi(Protocol):
-    """What the SA agent needs from libibumad (a fake implements it in unit tests)."""
+    """What the backend needs from libibumad (a fake implements it in unit tests)."""
+
+    def ca_names(self) -> list[str]: ...
+
+    def ca(self, name: str) -> UmadCaInfo: ...
+
+    def port(self, ca_name: str, port_num: int) -> UmadPortInfo: ...
 
     def open_port(self, ca_name: str, port_num: int) -> int: ...
 

@@ -86,9 +86,10 @@ def _checked(name: str, value: Any) -> Any:
     elif name == "sa_down":
         if not isinstance(value, bool):
             raise FaultSettingError(f"sa_down must be True or False, got {value!r}")
-    elif name == "sa_queue_limit":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise FaultSettingError(f"sa_queue_limit must be an integer >= 1, got {value!r}")
+    elif name == "sa_queue_limit" and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ):
+        raise FaultSettingError(f"sa_queue_limit must be an integer >= 1, got {value!r}")
     return value
 
 

@@ -109,6 +109,21 @@ class Router:
     def is_switch(self, guid: int) -> bool:
         return guid in self._switch_mtu
 
+    def switch_of(self, port_guid: int) -> int | None:
+        """The switch an HCA port is cabled to (None: no cable, or cabled to another HCA)."""
+        entry = self._uplink.get(port_guid)
+        if entry is None or entry[0] not in self._switch_mtu:
+            return None
+        return entry[0]
+
+    def switch_distances(self, switch: int) -> dict[int, tuple[int, int, float, int]]:
+        """(hops, MTU, Gb/s, rate) from ``switch`` to every reachable switch (cached).
+
+        The fast path of multicast delivery: hops between two HCA ports on switches ``a`` and
+        ``b`` are ``switch_distances(a)[b][0] + 2``.
+        """
+        return self._from_switch(switch)
+
     def path(self, src: int, dst: int) -> PathInfo | None:
         """Hops, MTU and rate from endpoint ``src`` to ``dst`` (GUIDs); None if unreachable."""
         src_switch, src_hops, src_link = self._attachment(src)

@@ -32,14 +32,25 @@ class _Waiter:
     next_segment: int = 1
 
 
-class UmadAgent:
-    """See the module docstring. ``transmit`` puts one MAD on the wire (or raises SaSendError)."""
+Transmit = Callable[[bytes], Awaitable[None]]
+"""Puts one MAD on the wire (or raises SaSendError)."""
 
-    def __init__(self, agent_id: int, transmit: Callable[[bytes], Awaitable[None]]) -> None:
+WaitFor = Callable[[trio.Event], Awaitable[object]]
+"""Waits until an event is set (a hub client must keep reading its socket meanwhile)."""
+
+
+async def _wait(event: trio.Event) -> None:
+    await event.wait()
+
+
+class UmadAgent:
+    """See the module docstring."""
+
+    def __init__(self, agent_id: int, *, wait_for: WaitFor = _wait) -> None:
         if not 0 <= agent_id <= 0xFFFFFFFF:
             raise ValueError(f"agent id {agent_id} does not fit 32 bits")
         self.agent_id = agent_id
-        self._transmit = transmit
+        self._wait_for = wait_for
         self._waiters: dict[int, _Waiter] = {}
         self.unmatched = 0
         """Responses that matched no outstanding request (late, duplicate, foreign)."""
@@ -48,8 +59,12 @@ class UmadAgent:
     def outstanding(self) -> int:
         return len(self._waiters)
 
-    async def send(self, mad: bytes, *, timeout_ms: int, retries: int) -> bytes:
-        """Send ``mad`` and return the matching response; SaTimeout / SaSendError otherwise."""
+    async def send(self, mad: bytes, transmit: Transmit, *, timeout_ms: int, retries: int) -> bytes:
+        """Send ``mad`` with ``transmit`` and return the matching response.
+
+        Raises SaTimeout when no response came in ``retries + 1`` attempts, SaSendError for a
+        malformed request or when ``transmit`` fails.
+        """
         if len(mad) != MAD_SIZE:
             raise SaSendError(f"an SA MAD must be {MAD_SIZE} bytes, got {len(mad)}")
         if timeout_ms <= 0:
@@ -65,16 +80,14 @@ class UmadAgent:
         self._waiters[low] = waiter
         try:
             for _attempt in range(retries + 1):
-                await self._transmit(bytes(wire))
+                await transmit(bytes(wire))
                 with trio.move_on_after(timeout_ms / 1000):
-                    await waiter.done.wait()
+                    await self._wait_for(waiter.done)
                 if waiter.done.is_set():
                     return waiter.result
         finally:
             del self._waiters[low]
-        raise SaTimeout(
-            f"no SA response to TID {low:#x} after {retries + 1} x {timeout_ms} ms"
-        )
+        raise SaTimeout(f"no SA response to TID {low:#x} after {retries + 1} x {timeout_ms} ms")
 
     def deliver(self, mad: bytes) -> None:
         """A MAD arrived for this agent: complete (or advance) the matching request."""

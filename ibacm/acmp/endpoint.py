@@ -1,0 +1,507 @@
+"""Per-port and per-endpoint state of ibacmp, and the endpoint's background tasks.
+
+An endpoint (port, partition) owns a UD QP, its multicast groups, its destination cache and
+counters. Its tasks run in a nursery of their own inside the port's nursery: the receive loop,
+``send_depth`` response senders, the cache expiry task, one join task per group and, when
+enabled, the bulk route preload. Closing the endpoint cancels exactly these; the resolutions in
+progress then end their parked requests with ENODATA (``DOWN_STATUS``).
+
+Unlike C (defect 24), a closed endpoint is really closed; when the core opens it again the
+provider creates a new QP, joins again and preloads again. What it learned (the cache) is kept
+for the reopened endpoint unless the port's LID or GID changed.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import trio
+
+from ibacm.acmp.cache import (
+    GID,
+    IP,
+    IP6,
+    LID,
+    NAME,
+    CacheKey,
+    CacheKeyError,
+    DestCache,
+    DestEntry,
+    EntryState,
+    PendingQuery,
+    cache_key,
+)
+from ibacm.acmp.counters import EndpointCounters
+from ibacm.acmp.groups import (
+    McGroup,
+    build_join,
+    join_forever,
+    parse_join_reply,
+    plan_groups,
+)
+from ibacm.acmp.protocol import PeerProtocol
+from ibacm.acmp.resolution import Resolver
+from ibacm.acmp.routes import BULK_COMP_MASK, SaPaths, av_from_path, loopback_path
+from ibacm.config.options import LoopbackProt
+from ibacm.fabric.api import AddressVector, FabricError, UdQp
+from ibacm.wire.client import AcmStatus
+from ibacm.wire.path_record import PathRecord
+from ibacm.wire.rates import get_rate
+
+if TYPE_CHECKING:
+    from ibacm.config.options import Options
+    from ibacm.provider.api import CoreAddress, CoreEndpoint, CorePort, CoreServices
+
+log = structlog.get_logger("ibacm.acmp")
+
+DOWN_STATUS = AcmStatus.ENODATA
+"""What parked requests get when their endpoint closes or their port goes down: ENODATA is
+what a not-ready endpoint answers, and what ``ib_acme -c`` style clients retry on."""
+
+EXPIRY_PERIOD = 60.0
+"""Lifetimes are whole minutes; the expiry task looks at least this often."""
+
+
+class EndpointState(enum.Enum):
+    INIT = "init"
+    """Open, group 0 not joined: resolutions answer ENODATA."""
+    READY = "ready"
+    CLOSED = "closed"
+
+
+class AcmpPort:
+    """The provider's view of one ACTIVE port."""
+
+    def __init__(self, core: CoreServices, port: CorePort) -> None:
+        self.core = core
+        self.core_port = port
+        self.sa = SaPaths(core, port)
+        self.endpoints: dict[int, AcmpEndpoint] = {}
+        """Open endpoints by partition (low 15 bits of the P_Key)."""
+        self.closed = False
+
+    @property
+    def attrs(self) -> Any:
+        return self.core_port.attrs
+
+    @property
+    def lid(self) -> int:
+        return int(self.core_port.attrs.lid)
+
+    @property
+    def lid_mask(self) -> int:
+        return int(self.core_port.attrs.lid_mask)
+
+    @property
+    def gid(self) -> bytes:
+        gids = self.core_port.attrs.gids
+        return bytes(gids[0]) if gids else bytes(16)
+
+    @property
+    def mtu(self) -> int:
+        return int(self.core_port.attrs.active_mtu)
+
+    @property
+    def rate(self) -> int:
+        attrs = self.core_port.attrs
+        return get_rate(attrs.active_width, attrs.active_speed)
+
+    @property
+    def subnet_timeout_ms(self) -> int:
+        """2^(SubnetTimeout - 8) ms (behavior.md §8), 0 below 8."""
+        value = int(self.core_port.attrs.subnet_timeout)
+        return 1 << (value - 8) if value >= 8 else 0
+
+    def sgid_index(self, gid: bytes) -> int:
+        index = self.core_port.attrs.gid_index(gid)
+        return 0 if index is None else int(index)
+
+    def owns_lid(self, lid: int) -> bool:
+        return lid != 0 and (lid & self.lid_mask) == self.lid
+
+
+class AcmpAddress:
+    """A local address as the provider keeps it (the add_address context)."""
+
+    __slots__ = ("core", "endpoint", "key")
+
+    def __init__(self, endpoint: AcmpEndpoint, core: CoreAddress, key: CacheKey) -> None:
+        self.endpoint = endpoint
+        self.core = core
+        self.key = key
+
+
+class EndpointStats:
+    """Things worth knowing that are not among the seven ACM counters."""
+
+    __slots__ = (
+        "bad_mads",
+        "join_attempts",
+        "requests_received",
+        "responses_dropped",
+        "responses_received",
+        "responses_sent",
+        "send_errors",
+        "unmatched_responses",
+    )
+
+    def __init__(self) -> None:
+        self.bad_mads = 0
+        self.requests_received = 0
+        self.responses_received = 0
+        self.unmatched_responses = 0
+        self.responses_sent = 0
+        self.responses_dropped = 0
+        self.send_errors = 0
+        self.join_attempts = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+ResponseItem = tuple[bytes, AddressVector, int]
+
+
+class AcmpEndpoint:
+    """One endpoint of the provider (see the module docstring)."""
+
+    def __init__(
+        self,
+        port: AcmpPort,
+        core_endpoint: CoreEndpoint,
+        cache: DestCache,
+        counters: EndpointCounters,
+    ) -> None:
+        self.port = port
+        self.core: CoreServices = port.core
+        self.options: Options = port.core.options
+        self.core_endpoint = core_endpoint
+        self.pkey = core_endpoint.pkey
+        self.cache = cache
+        self.counters = counters
+        self.stats = EndpointStats()
+        self.state = EndpointState.INIT
+        self.qp: UdQp | None = None
+        self.groups = [
+            McGroup(index, spec, self.pkey)
+            for index, spec in enumerate(plan_groups(self.options, port.rate, port.mtu))
+        ]
+        self.joined: dict[bytes, McGroup] = {}
+        """Joined groups by MGID: the only groups we advertise and accept."""
+        self.addresses: dict[CacheKey, AcmpAddress] = {}
+        self.outstanding: dict[int, PendingQuery] = {}
+        """Our ACM requests awaiting a response, by TID."""
+        self.resolve_credits = trio.Semaphore(max(1, self.options.resolve_depth))
+        depth = max(64, self.options.recv_depth)
+        self._responses_in, self._responses_out = trio.open_memory_channel[ResponseItem](depth)
+        self.bulk_by_gid: dict[bytes, PathRecord] = {}
+        self.bulk_by_lid: dict[int, PathRecord] = {}
+        self.bulk_loaded_at = -math.inf
+        self.scope: trio.CancelScope | None = None
+        self.nursery: trio.Nursery | None = None
+        self.resolver = Resolver(self)
+        self.protocol = PeerProtocol(self)
+
+    # -- identity -------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EndpointState.READY
+
+    @property
+    def partition(self) -> int:
+        return self.pkey & 0x7FFF
+
+    @property
+    def group0(self) -> McGroup:
+        return self.groups[0]
+
+    @property
+    def qpn(self) -> int:
+        return self.qp.qpn if self.qp is not None else 0
+
+    def local_match(self, addr_type: int, address: bytes) -> bool:
+        """Whether a peer asking for (type, address) asks for us.
+
+        Names, IPv4 and IPv6 are our addresses; beyond C (defect 45) a GID request is ours
+        when it names a GID of our port, and a LID request when it names our LID.
+        """
+        try:
+            key = cache_key(addr_type, address)
+        except CacheKeyError:
+            return False
+        if addr_type in (NAME, IP, IP6):
+            return key in self.addresses
+        if addr_type == GID:
+            return self.port.core_port.attrs.gid_index(key[1][:16]) is not None
+        if addr_type == LID:
+            return self.port.owns_lid(int.from_bytes(key[1][:2], "big"))
+        return False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the QP and start the endpoint's tasks in the port's nursery."""
+        attrs = self.port.core_port.attrs
+        pkey_index = attrs.pkeys.index(self.pkey) if self.pkey in attrs.pkeys else 0
+        self.qp = await self.port.core_port.port.open_ud(
+            pkey_index, recv_depth=max(1, self.options.recv_depth)
+        )
+        try:
+            await self.port.core_port.nursery.start(self._run)
+        except BaseException:
+            await self._close_qp()
+            raise
+
+    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self.scope = scope
+            try:
+                async with trio.open_nursery() as nursery:
+                    self.nursery = nursery
+                    nursery.start_soon(self._receive_loop)
+                    for _ in range(max(1, self.options.send_depth)):
+                        nursery.start_soon(self._response_sender)
+                    nursery.start_soon(self._expiry_loop)
+                    self.start_joins()
+                    if self.options.route_bulk_preload:
+                        nursery.start_soon(self._bulk_preload)
+                    task_status.started()
+            finally:
+                self.nursery = None
+
+    async def close(self) -> None:
+        """Stop everything; parked requests end with DOWN_STATUS."""
+        if self.state is EndpointState.CLOSED:
+            return
+        self.state = EndpointState.CLOSED
+        if self.scope is not None:
+            self.scope.cancel()
+        # Tasks that never got to run still leave operations behind: end them here.
+        for entry in list(self.cache):
+            if entry.op is not None:
+                entry.op.finish(DOWN_STATUS)
+                entry.op = None
+                if entry.state in (EntryState.QUERY_ADDR, EntryState.QUERY_ROUTE):
+                    entry.forget()
+            entry.reply_tid = None
+        for pending in self.outstanding.values():
+            pending.complete(DOWN_STATUS)
+        self.outstanding.clear()
+        await self._close_qp()
+
+    async def _close_qp(self) -> None:
+        qp, self.qp = self.qp, None
+        if qp is not None:
+            with trio.CancelScope(shield=True):
+                try:
+                    await qp.aclose()
+                except FabricError as exc:
+                    log.debug("closing the QP failed", error=str(exc))
+
+    def spawn(self, fn: Any, *args: Any) -> bool:
+        """Start a task in the endpoint's nursery; False once the endpoint stopped."""
+        nursery = self.nursery
+        if nursery is None or self.state is EndpointState.CLOSED:
+            return False
+        try:
+            nursery.start_soon(fn, *args)
+        except RuntimeError:
+            return False
+        return True
+
+    # -- groups ---------------------------------------------------------------------------
+
+    def start_joins(self) -> None:
+        for group in self.groups:
+            self.spawn(self._join, group)
+
+    async def _join(self, group: McGroup) -> None:
+        await join_forever(
+            group,
+            self._join_once,
+            self.options.join_retry_initial_ms,
+            self.options.join_retry_max_ms,
+        )
+
+    async def _join_once(self, group: McGroup) -> None:
+        self.stats.join_attempts += 1
+        port = self.port
+        tid = self.core.next_tid()
+        raw = await self.core.sa_request(
+            port.core_port, build_join(tid, group, port.gid, self.pkey)
+        )
+        granted = parse_join_reply(raw, tid, group.mgid)
+        if group.index == 0 and self.qp is not None:
+            # Requests come to us through group 0 only: attach before we call ourselves ready.
+            await self.qp.attach_mcast(granted.mgid, granted.mlid)
+        group.apply(granted, port.sgid_index(granted.port_gid), port.lid)
+        self.joined[group.mgid] = group
+        log.info(
+            "joined multicast group",
+            group=group.index,
+            mgid=group.mgid.hex(),
+            mlid=group.mlid,
+            pkey=f"0x{self.pkey:04x}",
+        )
+        self.core.publish("acmp.group", {"endpoint": self.name, **group.describe()})
+        if group.index == 0 and self.state is EndpointState.INIT:
+            self.state = EndpointState.READY
+            self.core.publish("acmp.endpoint", {"endpoint": self.name, "state": "ready"})
+
+    async def rejoin(self) -> None:
+        """Client reregister / SM change: the SA forgot our groups; join them again.
+
+        Resolutions answer ENODATA until group 0 is back (as C); the cache is kept.
+        """
+        if self.state is EndpointState.CLOSED:
+            return
+        group0 = self.group0
+        if group0.joined and self.qp is not None:
+            try:
+                await self.qp.detach_mcast(group0.mgid, group0.mlid)
+            except FabricError as exc:
+                log.debug("detach failed", error=str(exc))
+        for group in self.groups:
+            group.reset()
+        self.joined.clear()
+        self.state = EndpointState.INIT
+        self.start_joins()
+
+    @property
+    def name(self) -> str:
+        return f"{self.port.core_port.device.name}/{self.port.core_port.port_num}/0x{self.pkey:04x}"
+
+    # -- addresses ------------------------------------------------------------------------
+
+    def add_address(self, address: CoreAddress) -> AcmpAddress:
+        key = cache_key(address.type, address.info)
+        acmp_address = AcmpAddress(self, address, key)
+        self.addresses[key] = acmp_address
+        if self.options.loopback_prot is LoopbackProt.LOCAL:
+            self.cache.put_loopback(self._loopback_entry(key))
+        return acmp_address
+
+    def _loopback_entry(self, key: CacheKey) -> DestEntry:
+        port = self.port
+        entry = DestEntry(key)
+        entry.state = EntryState.READY
+        entry.path = loopback_path(port.gid, port.lid, self.pkey, port.mtu, port.rate)
+        entry.av = av_from_path(entry.path, 0, port.lid_mask)
+        entry.remote_qpn = self.qpn
+        entry.peer_lid = port.lid
+        return entry
+
+    def remove_address(self, address: AcmpAddress) -> None:
+        self.addresses.pop(address.key, None)
+        entry = self.cache.remove(address.key)
+        if entry is not None and entry.op is not None:
+            entry.op.finish(AcmStatus.ENODATA)
+
+    # -- background tasks -----------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        qp = self.qp
+        assert qp is not None
+        while True:
+            try:
+                received = await qp.receive()
+            except trio.ClosedResourceError:
+                return
+            except FabricError as exc:
+                # A receive completion error costs one buffer, not the endpoint (defect 46).
+                self.stats.send_errors += 1
+                log.debug("receive error", error=str(exc))
+                continue
+            self.protocol.handle(received)
+
+    def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
+        try:
+            self._responses_in.send_nowait((mad, av, qpn))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.stats.responses_dropped += 1
+
+    async def _response_sender(self) -> None:
+        """One of ``send_depth`` senders: at most that many responses in flight."""
+        async for mad, av, qpn in self._responses_out:
+            qp = self.qp
+            if qp is None:
+                return
+            try:
+                await qp.send(mad, av, qpn)
+                self.stats.responses_sent += 1
+            except FabricError as exc:
+                self.stats.send_errors += 1
+                log.debug("response send failed", error=str(exc))
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            self.cache.expire(now)
+            wake = min(self.cache.next_deadline(), now + EXPIRY_PERIOD)
+            await trio.sleep_until(max(wake, now))
+
+    async def _bulk_preload(self) -> None:
+        """route_bulk_preload: one GetTable of every path from our GID in our partition."""
+        port = self.port
+        query = PathRecord(sgid=port.gid, pkey=self.pkey)
+        outcome, records = await port.sa.get_table(query, BULK_COMP_MASK)
+        if outcome.status != AcmStatus.SUCCESS:
+            log.info("bulk route preload failed", status=outcome.status, reason=outcome.reason)
+            return
+        self.load_bulk(records)
+
+    def load_bulk(self, records: list[PathRecord]) -> None:
+        by_gid: dict[bytes, PathRecord] = {}
+        by_lid: dict[int, PathRecord] = {}
+        own_gid = self.port.gid
+        for record in records:
+            if record.sgid != own_gid or not record.dlid:
+                continue  # not a path from us: useless as a route of ours
+            by_gid.setdefault(record.dgid, record)
+            by_lid.setdefault(record.dlid, record)
+        self.bulk_by_gid, self.bulk_by_lid = by_gid, by_lid
+        self.bulk_loaded_at = trio.current_time()
+        log.info("bulk route preload", endpoint=self.name, paths=len(by_gid))
+
+    def bulk_route(self, dgid: bytes, dlid: int) -> PathRecord | None:
+        """A route from the bulk table, while it is younger than the route lifetime."""
+        if not self.bulk_by_gid:
+            return None
+        if trio.current_time() - self.bulk_loaded_at >= self.options.route_lifetime:
+            return None
+        if any(dgid):
+            return self.bulk_by_gid.get(dgid)
+        return self.bulk_by_lid.get(dlid) if dlid else None
+
+    def invalidate_routes(self) -> int:
+        """Forget every learned route (SM change): the next use re-queries it."""
+        self.bulk_by_gid, self.bulk_by_lid = {}, {}
+        count = 0
+        for entry in self.cache.learned():
+            if entry.state is EntryState.READY and not entry.preloaded:
+                entry.state = EntryState.ADDR_RESOLVED
+                count += 1
+        return count
+
+    # -- observability --------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "pkey": self.pkey,
+            "qpn": self.qpn,
+            "groups": [group.describe() for group in self.groups],
+            "cache_entries": len(self.cache),
+            "cache_evicted": self.cache.evicted,
+            "cache_expired": self.cache.expired,
+            "outstanding": len(self.outstanding),
+            "bulk_routes": len(self.bulk_by_gid),
+            "counters": self.counters.snapshot(),
+            "stats": self.stats.as_dict(),
+            "entries": [entry.describe() for entry in list(self.cache)[:256]],
+        }

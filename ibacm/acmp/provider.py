@@ -1,0 +1,333 @@
+"""``ibacmp``, the default resolution provider: the Provider API mapped onto the endpoint
+machinery of this package.
+
+Contexts: ``open_device`` returns the CoreDevice, ``open_port`` an ``AcmpPort``,
+``open_endpoint`` an ``AcmpEndpoint``, ``add_address`` an ``AcmpAddress``.
+
+What survives an endpoint closing (port down, LID/GID/P_Key change): its counters (they never
+reset) and its cache, handed to the endpoint when the core opens it again. If the port's LID
+changed meanwhile, every learned route is dropped back to ADDR_RESOLVED (their SLID is ours);
+if its GID changed, everything learned is forgotten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import trio
+
+from ibacm.acmp.cache import CacheKeyError, DestCache, EntryState, cache_key
+from ibacm.acmp.counters import EndpointCounters
+from ibacm.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort
+from ibacm.acmp.persistence import (
+    CacheFileError,
+    CacheStore,
+    Records,
+    endpoint_id,
+    restore,
+    snapshot,
+)
+from ibacm.acmp.preload import run_preloads
+from ibacm.fabric.api import PortEventType
+from ibacm.provider.api import (
+    CoreAddress,
+    CoreDevice,
+    CoreEndpoint,
+    CorePort,
+    CoreServices,
+    Counter,
+    Provider,
+    ResolveRequest,
+    ResolveResult,
+)
+from ibacm.wire.client import AcmStatus, AddrType, EpFlag
+from ibacm.wire.errors import WireError
+from ibacm.wire.path_record import PathRecord
+
+log = structlog.get_logger("ibacm.acmp")
+
+EndpointIdentity = tuple[int, int, int]
+"""(node GUID, port number, partition)."""
+
+
+@dataclass(eq=False)
+class _Retained:
+    """What an endpoint leaves behind for its next opening."""
+
+    cache: DestCache
+    counters: EndpointCounters
+    gid: bytes
+    lid: int
+    pkey: int
+    restored: bool = False
+
+
+class AcmpProvider(Provider):
+    """The default provider (see the module docstring and ``ibacm.acmp``)."""
+
+    name = "ibacmp"
+
+    def __init__(self, core: CoreServices) -> None:
+        super().__init__(core)
+        self.wall_clock: Callable[[], float] = time.time
+        """Wall-clock time for the cache file (tests replace it)."""
+        self._retained: dict[EndpointIdentity, _Retained] = {}
+        self._ports: list[AcmpPort] = []
+        self._saved: Records = {}
+        """Cache file contents: loaded at start, waiting for their endpoints to open."""
+        self._store: CacheStore | None = None
+        self._saver_scope: trio.CancelScope | None = None
+        self._saving = trio.Lock()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        path = self.core.options.cache_file
+        if not path:
+            return
+        self._store = CacheStore(path, self.wall_clock)
+        try:
+            self._saved = await self._store.load()
+        except CacheFileError as exc:
+            log.warning("cache file not restored", error=str(exc))
+            self._saved = {}
+
+    async def stop(self) -> None:
+        if self._saver_scope is not None:
+            self._saver_scope.cancel()
+        await self.save_cache()
+
+    async def save_cache(self) -> None:
+        """Write every endpoint's cache to ``cache_file`` (if configured)."""
+        store = self._store
+        if store is None:
+            return
+        async with self._saving:
+            now, wall_now = trio.current_time(), self.wall_clock()
+            records: Records = dict(self._saved)
+            for retained in self._retained.values():
+                ident = endpoint_id(retained.gid, retained.pkey)
+                records[ident] = snapshot(retained.cache, now, wall_now)
+            try:
+                await store.save(records)
+            except CacheFileError as exc:
+                log.warning("cache file not saved", error=str(exc))
+
+    def _ensure_saver(self) -> None:
+        """Keep one periodic saver running, in the nursery of some open port."""
+        options = self.core.options
+        if self._store is None or options.cache_save_interval <= 0:
+            return
+        if self._saver_scope is not None:
+            return
+        for port in self._ports:
+            if not port.closed:
+                port.core_port.nursery.start_soon(self._saver, options.cache_save_interval)
+                return
+
+    async def _saver(self, interval: int) -> None:
+        with trio.CancelScope() as scope:
+            self._saver_scope = scope
+            try:
+                while True:
+                    await trio.sleep(interval)
+                    await self.save_cache()
+            finally:
+                self._saver_scope = None
+        self._ensure_saver()
+
+    # -- devices and ports ----------------------------------------------------------------
+
+    async def open_device(self, device: CoreDevice) -> object:
+        return device
+
+    async def close_device(self, dev_ctx: object) -> None:
+        return None
+
+    async def open_port(self, port: CorePort, dev_ctx: object) -> object:
+        acmp_port = AcmpPort(self.core, port)
+        self._ports.append(acmp_port)
+        log.info(
+            "port up",
+            device=port.device.name,
+            port=port.port_num,
+            lid=acmp_port.lid,
+            mtu=acmp_port.mtu,
+            rate=acmp_port.rate,
+        )
+        self._ensure_saver()
+        return acmp_port
+
+    async def close_port(self, port_ctx: object) -> None:
+        port = _port(port_ctx)
+        port.closed = True
+        for endpoint in list(port.endpoints.values()):
+            await self.close_endpoint(endpoint)
+        if port in self._ports:
+            self._ports.remove(port)
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    async def open_endpoint(self, endpoint: CoreEndpoint, port_ctx: object) -> object:
+        port = _port(port_ctx)
+        identity = (endpoint.port.device.node_guid, endpoint.port.port_num, endpoint.pkey & 0x7FFF)
+        retained = self._retain(identity, port)
+        acmp_endpoint = AcmpEndpoint(port, endpoint, retained.cache, retained.counters)
+        if not retained.restored:
+            retained.restored = True
+            self._restore(acmp_endpoint)
+        await run_preloads(acmp_endpoint)
+        await acmp_endpoint.open()
+        port.endpoints[acmp_endpoint.partition] = acmp_endpoint
+        log.info("endpoint open", endpoint=acmp_endpoint.name, qpn=acmp_endpoint.qpn)
+        return acmp_endpoint
+
+    def _retain(self, identity: EndpointIdentity, port: AcmpPort) -> _Retained:
+        retained = self._retained.get(identity)
+        if retained is None:
+            retained = _Retained(
+                DestCache(self.core.options.cache_max_entries),
+                EndpointCounters(self.core.counters),
+                port.gid,
+                port.lid,
+                identity[2],
+            )
+            self._retained[identity] = retained
+            return retained
+        if retained.gid != port.gid:
+            dropped = retained.cache.clear_learned()
+            log.info("port GID changed: cache dropped", entries=dropped)
+        elif retained.lid != port.lid:
+            for entry in retained.cache.learned():
+                if entry.preloaded:
+                    retained.cache.remove(entry.key)
+                elif entry.state is EntryState.READY:
+                    entry.state = EntryState.ADDR_RESOLVED
+            log.info("port LID changed: routes dropped", old=retained.lid, new=port.lid)
+        retained.gid, retained.lid = port.gid, port.lid
+        return retained
+
+    def _restore(self, endpoint: AcmpEndpoint) -> None:
+        records = self._saved.pop(endpoint_id(endpoint.port.gid, endpoint.pkey), None)
+        if not records:
+            return
+        count = restore(
+            endpoint.cache, endpoint.port, records, trio.current_time(), self.wall_clock()
+        )
+        log.info("cache restored", endpoint=endpoint.name, entries=count, saved=len(records))
+
+    async def close_endpoint(self, ep_ctx: object) -> None:
+        endpoint = _endpoint(ep_ctx)
+        port = endpoint.port
+        if port.endpoints.get(endpoint.partition) is endpoint:
+            del port.endpoints[endpoint.partition]
+        await endpoint.close()
+
+    def add_address(self, address: CoreAddress, ep_ctx: object) -> object:
+        return _endpoint(ep_ctx).add_address(address)
+
+    def remove_address(self, addr_ctx: object) -> None:
+        address = _address(addr_ctx)
+        address.endpoint.remove_address(address)
+        # C purges the address from every endpoint's cache: it is local now.
+        for port in self._ports:
+            for endpoint in port.endpoints.values():
+                if endpoint is not address.endpoint:
+                    endpoint.cache.remove(address.key)
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def resolve(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult:
+        endpoint = _address(addr_ctx).endpoint
+        first = request.entries[0]
+        resolver = endpoint.resolver
+        if first.type == AddrType.PATH:
+            try:
+                path = first.path()
+            except WireError:
+                endpoint.counters.endpoint_only(Counter.ERROR)
+                return ResolveResult(AcmStatus.EINVAL)
+            nodelay = bool(first.flags & EpFlag.NODELAY)
+            status, found = await resolver.resolve_path(path, nodelay)
+        else:
+            dest = request.dest
+            nodelay = bool(dest.flags & EpFlag.NODELAY)
+            status, found = await resolver.resolve_address(request.source, dest, nodelay)
+        return ResolveResult(_status(status), (found,) if found is not None else ())
+
+    async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
+        endpoint = _address(addr_ctx).endpoint
+        counters = endpoint.counters
+        if not endpoint.ready:
+            counters.endpoint_only(Counter.NODATA)
+            return AcmStatus.ENODATA, None
+        counters.both(Counter.ROUTE_QUERY)
+        outcome = await endpoint.port.sa.get(path)
+        if outcome.status != AcmStatus.SUCCESS:
+            counters.endpoint_only(Counter.ERROR)
+            log.debug("QUERY_SA failed", status=outcome.status, reason=outcome.reason)
+        return outcome.status, outcome.record
+
+    async def handle_event(self, port_ctx: object, event: PortEventType) -> None:
+        port = _port(port_ctx)
+        endpoints = list(port.endpoints.values())
+        if event is PortEventType.CLIENT_REREGISTER:
+            log.info("client reregister: joining again", port=port.core_port.port_num)
+            for endpoint in endpoints:
+                await endpoint.rejoin()
+        elif event is PortEventType.SM_CHANGE:
+            # The core already sends SA MADs to the new SM; its routes may differ.
+            dropped = sum(endpoint.invalidate_routes() for endpoint in endpoints)
+            log.info("SM changed: routes dropped", port=port.core_port.port_num, routes=dropped)
+
+    def query_perf(self, ep_ctx: object) -> Sequence[int]:
+        return _endpoint(ep_ctx).counters.snapshot()
+
+    # -- observability --------------------------------------------------------------------
+
+    def describe_endpoint(self, ep_ctx: object) -> Mapping[str, Any]:
+        return _endpoint(ep_ctx).describe()
+
+    def flush(self, ep_ctx: object, dest: tuple[AddrType, bytes] | None = None) -> int:
+        cache = _endpoint(ep_ctx).cache
+        if dest is None:
+            return cache.clear_learned()
+        try:
+            key = cache_key(dest[0], dest[1])
+        except CacheKeyError:
+            return 0
+        entry = cache.get(key)
+        if entry is None or entry.loopback or entry.busy:
+            return 0
+        cache.remove(key)
+        return 1
+
+
+def _status(value: int) -> AcmStatus:
+    try:
+        return AcmStatus(value)
+    except ValueError:
+        # An SA status byte with no ACM name (e.g. 4 "too many records"): report EINVAL.
+        return AcmStatus.EINVAL
+
+
+def _port(ctx: object) -> AcmpPort:
+    if not isinstance(ctx, AcmpPort):
+        raise TypeError(f"not an ibacmp port context: {ctx!r}")
+    return ctx
+
+
+def _endpoint(ctx: object) -> AcmpEndpoint:
+    if not isinstance(ctx, AcmpEndpoint):
+        raise TypeError(f"not an ibacmp endpoint context: {ctx!r}")
+    return ctx
+
+
+def _address(ctx: object) -> AcmpAddress:
+    if not isinstance(ctx, AcmpAddress):
+        raise TypeError(f"not an ibacmp address context: {ctx!r}")
+    return ctx

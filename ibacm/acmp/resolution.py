@@ -1,0 +1,327 @@
+"""Client resolutions on one endpoint: the cache state machine of behavior.md §9.3 and §10.
+
+A cache entry has at most one resolution (``Operation``) in progress, run by one task in the
+endpoint's nursery that walks the entry from where it is to READY:
+
+* address phase (INIT/QUERY_ADDR): an ACM request multicast on group 0, sent up to
+  ``retries + 1`` times, each followed by ``timeout + subnet timeout`` of waiting; a
+  ``resolve_depth`` credit is held meanwhile;
+* route phase (ADDR_RESOLVED/QUERY_ROUTE): a route from the bulk table, from the shared group
+  (route_prot acm), else an SA PathRecord query.
+
+Each phase, credit waits included, is bounded by its budget (``timeout x (retries + 1)``), so a
+parked request ends at the latest after one budget per phase. Clients park by awaiting the
+operation; NODELAY answers ENODATA at once while the resolution goes on. Whatever ends an
+operation (success, failure, the endpoint closing) ends it for all its waiters at once, with
+one status. A peer that asked for our address while the route was unknown is answered when
+the route phase ends: with success, or, when the SA gave a definite failure (e.g. no
+records), with that status, which C requesters accept and pass on to their clients at once
+(C stayed silent and its requesters waited for their full timeout, defect 43). When the SA
+did not answer in time we stay silent like C: the requester retransmits with the same TID,
+and that retransmission starts a new route query here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from ibacm.acmp.cache import (
+    CacheKeyError,
+    DestEntry,
+    EntryState,
+    Operation,
+    PendingQuery,
+    cache_key,
+    gid_key,
+    lid_key,
+)
+from ibacm.acmp.groups import joined_mgids
+from ibacm.acmp.routes import av_from_path, path_from_group, path_query, sa_phase_budget
+from ibacm.config.options import RouteProt
+from ibacm.fabric.api import MULTICAST_QPN, FabricError
+from ibacm.provider.api import Counter
+from ibacm.wire.acm_mad import acm_request
+from ibacm.wire.client import AcmStatus, EpAddr
+from ibacm.wire.path_record import PathRecord
+
+if TYPE_CHECKING:
+    from ibacm.acmp.endpoint import AcmpEndpoint
+
+log = structlog.get_logger("ibacm.acmp")
+
+WAIT_GRACE = 1.0
+"""Seconds a parked request allows beyond the phase budgets before it gives up by itself
+(the phases end themselves well before; this only guards against a lost wake-up)."""
+
+MAX_STEPS = 6
+
+
+class Resolver:
+    """Client-driven and peer-driven resolutions of one endpoint."""
+
+    def __init__(self, endpoint: AcmpEndpoint) -> None:
+        self.ep = endpoint
+
+    # -- budgets --------------------------------------------------------------------------
+
+    @property
+    def attempt_wait(self) -> float:
+        """Seconds to wait for a response after each transmission (mad-protocol.md §7)."""
+        return (self.ep.options.timeout + self.ep.port.subnet_timeout_ms) / 1000.0
+
+    @property
+    def address_budget(self) -> float:
+        return self.attempt_wait * (self.ep.options.retries + 1)
+
+    @property
+    def route_budget(self) -> float:
+        return sa_phase_budget(self.ep.options)
+
+    # -- client requests ------------------------------------------------------------------
+
+    async def resolve_address(
+        self, source: EpAddr, dest: EpAddr, nodelay: bool
+    ) -> tuple[int, PathRecord | None]:
+        """Address form (behavior.md §10.2)."""
+        ep = self.ep
+        counters = ep.counters
+        if not ep.ready:
+            counters.endpoint_only(Counter.NODATA)
+            return AcmStatus.ENODATA, None
+        counters.endpoint_only(Counter.RESOLVE)
+        try:
+            key = cache_key(dest.type, dest.info)
+        except CacheKeyError as exc:
+            counters.endpoint_only(Counter.ERROR)
+            log.debug("cannot resolve", reason=str(exc))
+            return AcmStatus.EDESTTYPE, None
+        entry = ep.cache.acquire(key)
+        self._check_lifetimes(entry)
+        if entry.state is EntryState.READY:
+            counters.both(Counter.ROUTE_CACHE)
+            return AcmStatus.SUCCESS, entry.path
+        op = entry.op
+        if op is None:
+            if entry.state is EntryState.ADDR_RESOLVED:
+                counters.both(Counter.ADDR_CACHE)
+            op = self._start(entry, source)
+        return await self._park(op, nodelay)
+
+    async def resolve_path(
+        self, request: PathRecord, nodelay: bool
+    ) -> tuple[int, PathRecord | None]:
+        """Path form (behavior.md §10.3): keyed by DLID, else DGID; the route from the SA."""
+        ep = self.ep
+        counters = ep.counters
+        if not ep.ready:
+            counters.endpoint_only(Counter.NODATA)
+            return AcmStatus.ENODATA, None
+        counters.endpoint_only(Counter.RESOLVE)
+        key = lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
+        entry = ep.cache.acquire(key)
+        self._check_lifetimes(entry)
+        if entry.state is EntryState.READY:
+            counters.both(Counter.ROUTE_CACHE)
+            return AcmStatus.SUCCESS, entry.path
+        op = entry.op
+        if op is None:
+            if entry.state is EntryState.INIT or entry.query is None:
+                port = ep.port
+                entry.query = path_query(request, ep.pkey, port.lid, port.gid)
+                entry.state = EntryState.ADDR_RESOLVED
+            op = self._start(entry, None)
+        return await self._park(op, nodelay)
+
+    async def _park(self, op: Operation, nodelay: bool) -> tuple[int, PathRecord | None]:
+        counters = self.ep.counters
+        if nodelay:
+            counters.endpoint_only(Counter.NODATA)
+            return AcmStatus.ENODATA, None
+        op.waiters += 1
+        try:
+            with trio.move_on_after(self.address_budget + self.route_budget + WAIT_GRACE):
+                await op.done.wait()
+        finally:
+            op.waiters -= 1
+        status = op.status if op.finished else AcmStatus.ETIMEDOUT
+        if status == AcmStatus.SUCCESS and op.path is not None:
+            return AcmStatus.SUCCESS, op.path
+        if status == AcmStatus.SUCCESS:
+            status = AcmStatus.ENODATA
+        counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)
+        return status, None
+
+    def _check_lifetimes(self, entry: DestEntry) -> None:
+        """Expiry on use (behavior.md §9.3): address gone -> INIT, route gone -> ADDR_RESOLVED."""
+        if entry.loopback or entry.op is not None:
+            return
+        now = trio.current_time()
+        if entry.state in (EntryState.READY, EntryState.ADDR_RESOLVED) and (
+            now >= entry.addr_expiry
+        ):
+            entry.forget()
+        elif entry.state is EntryState.READY and now >= entry.route_expiry:
+            entry.state = EntryState.ADDR_RESOLVED
+
+    # -- operations -----------------------------------------------------------------------
+
+    def start_route(self, entry: DestEntry) -> Operation:
+        """A route for an entry nobody local waits for (a peer asked for our address)."""
+        return self._start(entry, None)
+
+    def _start(self, entry: DestEntry, source: EpAddr | None) -> Operation:
+        op = Operation()
+        entry.op = op
+        if entry.state is EntryState.INIT:
+            entry.state = EntryState.QUERY_ADDR
+        if entry.state is EntryState.QUERY_ADDR:
+            # From now on a peer's request or response can complete the address phase.
+            entry.wake = PendingQuery(entry)
+        elif entry.state is EntryState.ADDR_RESOLVED:
+            entry.state = EntryState.QUERY_ROUTE
+        if not self.ep.spawn(self._drive, entry, op, source):
+            self._end(entry, op, AcmStatus.ENODATA)
+        return op
+
+    async def _drive(self, entry: DestEntry, op: Operation, source: EpAddr | None) -> None:
+        status: int = AcmStatus.ENODATA  # what is left if we are cancelled (endpoint closed)
+        try:
+            status = await self._advance(entry, source)
+        finally:
+            self._end(entry, op, status)
+
+    def _end(self, entry: DestEntry, op: Operation, status: int) -> None:
+        ready = status == AcmStatus.SUCCESS and entry.state is EntryState.READY
+        if not ready and status == AcmStatus.SUCCESS:
+            status = AcmStatus.ENODATA
+        if entry.reply_tid is not None:
+            tid, entry.reply_tid = entry.reply_tid, None
+            # A definite answer goes back to the peer at once. After a timeout we stay
+            # silent, as C: the peer's retransmission (same TID) makes us try again.
+            if status != AcmStatus.ETIMEDOUT:
+                self.ep.protocol.send_response(entry, tid, status)
+        if not ready and entry.state is not EntryState.READY:
+            entry.forget()
+        entry.wake = None
+        if entry.op is op:
+            entry.op = None
+        op.path = entry.path if ready else None
+        op.finish(status)
+        log.debug("resolution ended", status=int(status), state=entry.state.name)
+
+    async def _advance(self, entry: DestEntry, source: EpAddr | None) -> int:
+        for _ in range(MAX_STEPS):
+            state = entry.state
+            if state is EntryState.READY:
+                return AcmStatus.SUCCESS
+            if state in (EntryState.INIT, EntryState.QUERY_ADDR):
+                if source is None:
+                    return AcmStatus.ENODATA  # only a client's request can start an ACM query
+                status = await self._address_phase(entry, source)
+            else:
+                status = await self._route_phase(entry)
+            if status != AcmStatus.SUCCESS:
+                return status
+        return AcmStatus.ENODATA
+
+    # -- address phase --------------------------------------------------------------------
+
+    async def _address_phase(self, entry: DestEntry, source: EpAddr) -> int:
+        ep = self.ep
+        if entry.state is EntryState.INIT:
+            entry.state = EntryState.QUERY_ADDR
+        pending = entry.wake
+        if pending is None or pending.done.is_set():
+            pending = entry.wake = PendingQuery(entry)
+        with trio.move_on_after(self.address_budget):
+            async with ep.resolve_credits:
+                if not pending.done.is_set():
+                    await self._ask(entry, source, pending)
+        entry.wake = None
+        if not pending.done.is_set():
+            log.debug("acm request timed out", dest=entry.key[1].rstrip(b"\0").hex())
+            return AcmStatus.ETIMEDOUT
+        return pending.status
+
+    async def _ask(self, entry: DestEntry, source: EpAddr, pending: PendingQuery) -> None:
+        """Send the request up to retries + 1 times until answered (mad-protocol.md §7)."""
+        ep = self.ep
+        group0 = ep.group0
+        if not group0.joined or group0.av is None or ep.qp is None:
+            pending.complete(AcmStatus.ENODATA)
+            return
+        tid = ep.core.next_tid()
+        addr_type, address = entry.key
+        mad = acm_request(
+            tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
+        ).encode()
+        ep.counters.both(Counter.ADDR_QUERY)
+        ep.outstanding[tid] = pending
+        try:
+            for attempt in range(ep.options.retries + 1):
+                log.debug("acm request", tid=tid, attempt=attempt)
+                try:
+                    await ep.qp.send(mad, group0.av, MULTICAST_QPN)
+                except FabricError as exc:
+                    ep.stats.send_errors += 1
+                    log.debug("request send failed", error=str(exc))
+                with trio.move_on_after(self.attempt_wait):
+                    await pending.done.wait()
+                if pending.done.is_set() or ep.qp is None:
+                    return
+        finally:
+            ep.outstanding.pop(tid, None)
+
+    # -- route phase ----------------------------------------------------------------------
+
+    def route_from_group(self, entry: DestEntry) -> bool:
+        """route_prot acm: make the entry READY from the group both sides share (§12.1)."""
+        group = self.ep.joined.get(entry.mgid)
+        if group is None or group.path is None or entry.query is None or entry.av is None:
+            return False
+        path = path_from_group(group.path, entry.query.dgid, entry.peer_lid)
+        self._make_ready(entry, path, keep_av=True)
+        return True
+
+    async def _route_phase(self, entry: DestEntry) -> int:
+        ep = self.ep
+        entry.state = EntryState.QUERY_ROUTE
+        query = entry.query
+        if query is None:
+            return AcmStatus.ENODATA
+        table_path = ep.bulk_route(query.dgid, query.dlid)
+        if table_path is not None:
+            self._make_ready(entry, table_path, keep_av=False)
+            return AcmStatus.SUCCESS
+        if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry):
+            return AcmStatus.SUCCESS
+        if not any(query.sgid):
+            # Hosts-file entries: our port is the source (C looked it up by the client's IP).
+            query.sgid = ep.port.gid
+        ep.counters.both(Counter.ROUTE_QUERY)
+        outcome = await ep.port.sa.get(query)
+        if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
+            log.debug("route query failed", status=outcome.status, reason=outcome.reason)
+            return outcome.status or AcmStatus.ENODATA
+        if entry.state is not EntryState.QUERY_ROUTE:
+            return AcmStatus.ENODATA  # the entry was dropped meanwhile (address removed)
+        self._make_ready(entry, outcome.record, keep_av=False)
+        return AcmStatus.SUCCESS
+
+    def _make_ready(self, entry: DestEntry, path: PathRecord, *, keep_av: bool) -> None:
+        ep = self.ep
+        port = ep.port
+        entry.path = path
+        if not keep_av or entry.av is None:
+            entry.av = av_from_path(path, port.sgid_index(path.sgid), port.lid_mask)
+        if not entry.peer_lid:
+            entry.peer_lid = path.dlid
+        entry.state = EntryState.READY
+        options = ep.options
+        ep.cache.set_timeouts(
+            entry, trio.current_time(), options.addr_lifetime, options.route_lifetime
+        )
+        entry.poke()

@@ -1,0 +1,277 @@
+"""Client connections: accept, frame, dispatch, answer in order, never block anyone else.
+
+Fixes the C server's limits (defects 1-3): requests are framed from the byte stream (one
+recv() per message is not needed, pipelined requests work), there is no client limit
+(select()/FD_SETSIZE is gone), and every connection sends its own replies from its own task.
+
+Per connection: a reader task frames requests and starts one task per request; a writer task
+sends the replies in REQUEST order, each with one ``send_all`` of the whole reply (ib_acme
+reads a reply with a single recv()). Replies waiting to be written sit in a bounded queue: a
+client that sends requests but never reads fills it and is dropped with a log line, while
+everybody else is served as usual. A malformed stream is closed exactly where the C server
+closes (client-protocol.md §8) after the replies to its earlier requests were sent.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from ibacm.core.dispatch import Dispatcher
+from ibacm.wire.client import HDR_LEN, MSG_MAX, ClientFramer, FramingError, FramingFault
+
+log = structlog.get_logger("ibacm.clients")
+
+MAX_PENDING_REPLIES = 256
+"""Replies one connection may have outstanding before it counts as not reading."""
+RECEIVE_SIZE = 4 * MSG_MAX
+_ACCEPT_RETRY = 0.1
+_TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+@dataclass(eq=False)
+class _Reply:
+    """A request's place in the connection's reply order."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes | None = None
+    """The reply; None means "close the connection here" (protocol error, handler crash)."""
+
+    def set(self, data: bytes | None) -> None:
+        self.data = data
+        self.done.set()
+
+
+class _Overrun(Exception):
+    """The client does not read its replies."""
+
+
+def peer_name(stream: trio.SocketStream, number: int) -> str:
+    sock = stream.socket
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{number}"
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return f"tcp:{number}"
+    return f"tcp:{host}:{port}"
+
+
+class Connection:
+    """One client, from accept to close."""
+
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        dispatcher: Dispatcher,
+        name: str,
+        *,
+        max_pending: int = MAX_PENDING_REPLIES,
+    ) -> None:
+        self.stream = stream
+        self.dispatcher = dispatcher
+        self.name = name
+        self.read_scope = trio.CancelScope()
+        self.requests = 0
+        self._send, self._receive = trio.open_memory_channel[_Reply](max_pending)
+        self._nursery: trio.Nursery | None = None
+
+    def stop_reading(self) -> None:
+        """Shutdown: take no more requests; the replies already owed are still sent."""
+        self.read_scope.cancel()
+
+    def abort(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def run(self) -> None:
+        async with self.stream, trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._writer)
+            try:
+                with self.read_scope:
+                    await self._reader(nursery)
+            except _Overrun:
+                log.warning(
+                    "client dropped: it does not read its replies",
+                    client=self.name,
+                    outstanding=self._send.statistics().current_buffer_used,
+                )
+                nursery.cancel_scope.cancel()
+            finally:
+                # The writer sends what is owed, then ends (closing the connection).
+                self._send.close()
+
+    async def _reader(self, nursery: trio.Nursery) -> None:
+        framer = ClientFramer()
+        unframed = bytearray()  # the bytes the framer holds, for the §8 length<16 reply
+        while True:
+            try:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                nursery.cancel_scope.cancel()
+                return
+            if not data:
+                return
+            unframed += data
+            try:
+                framer.feed(data)
+                while (frame := framer.next_frame()) is not None:
+                    del unframed[: len(frame)]
+                    self._submit(nursery, frame)
+            except FramingError as exc:
+                self._protocol_error(exc, bytes(unframed[:HDR_LEN]))
+                return
+
+    def _protocol_error(self, exc: FramingError, head: bytes) -> None:
+        log.warning("client request rejected; closing", client=self.name, reason=exc.reason)
+        if exc.fault is FramingFault.BAD_LENGTH:
+            reply = self.dispatcher.undersized_resolve(head)
+            if reply is not None:
+                self._queue(_done(reply))
+        self._queue(_done(None))
+
+    def _queue(self, reply: _Reply) -> bool:
+        """Give ``reply`` its place in the order; False once the connection is closing."""
+        try:
+            self._send.send_nowait(reply)
+        except trio.WouldBlock:
+            raise _Overrun from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    def _submit(self, nursery: trio.Nursery, frame: bytes) -> None:
+        reply = _Reply()
+        if not self._queue(reply):
+            return
+        self.requests += 1
+        try:
+            data = self.dispatcher.answer_now(frame)
+        except Exception:
+            log.exception("request failed; closing the connection", client=self.name)
+            reply.set(None)
+            return
+        if data is not None:
+            reply.set(data)
+        else:
+            nursery.start_soon(self._resolve, frame, reply)
+
+    async def _resolve(self, frame: bytes, reply: _Reply) -> None:
+        try:
+            data: bytes | None = await self.dispatcher.resolve(frame, self.name)
+        except Exception:
+            # C closes a connection whose handler fails; nobody else notices.
+            log.exception("request failed; closing the connection", client=self.name)
+            data = None
+        reply.set(data)
+
+    async def _writer(self) -> None:
+        async with self._receive:
+            async for reply in self._receive:
+                await reply.done.wait()
+                if reply.data is None:
+                    self.abort()
+                    return
+                try:
+                    await self.stream.send_all(reply.data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    log.debug("client went away before its reply", client=self.name)
+                    self.abort()
+                    return
+
+
+def _done(data: bytes | None) -> _Reply:
+    reply = _Reply()
+    reply.set(data)
+    return reply
+
+
+class ClientServer:
+    """Accepts clients on the listeners and serves each in its own connection."""
+
+    def __init__(self, dispatcher: Dispatcher, *, max_pending: int = MAX_PENDING_REPLIES) -> None:
+        self.dispatcher = dispatcher
+        self.max_pending = max_pending
+        self.connections: set[Connection] = set()
+        self.accepted = 0
+        self._accept_scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self._listeners: list[trio.SocketListener] = []
+        self._idle = trio.Event()
+        self._numbers = itertools.count(1)
+
+    @property
+    def active(self) -> int:
+        return len(self.connections)
+
+    async def serve(
+        self,
+        listeners: Sequence[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept until ``drain``; returns when the last connection is gone."""
+        self._listeners = list(listeners)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._accept_all)
+            task_status.started()
+
+    async def _accept_all(self) -> None:
+        with self._accept_scope:
+            async with trio.open_nursery() as nursery:
+                for listener in self._listeners:
+                    nursery.start_soon(self._accept_loop, listener)
+
+    async def _accept_loop(self, listener: trio.SocketListener) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except trio.ClosedResourceError:
+                return
+            except OSError as exc:
+                if exc.errno in _TRANSIENT_ACCEPT_ERRORS:
+                    # Out of descriptors: the pending client waits in the backlog.
+                    log.warning("accept failed; retrying", error=exc.strerror)
+                    await trio.sleep(_ACCEPT_RETRY)
+                    continue
+                log.error("accept failed; listener stopped", error=exc.strerror)
+                return
+            assert self._nursery is not None
+            self._nursery.start_soon(self._serve_one, stream)
+
+    async def _serve_one(self, stream: trio.SocketStream) -> None:
+        self.accepted += 1
+        name = peer_name(stream, next(self._numbers))
+        connection = Connection(stream, self.dispatcher, name, max_pending=self.max_pending)
+        self.connections.add(connection)
+        self._idle = trio.Event()
+        log.debug("client connected", client=name)
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+            log.debug("client disconnected", client=name, requests=connection.requests)
+            if not self.connections:
+                self._idle.set()
+
+    async def drain(self, grace: float) -> None:
+        """Graceful stop: close the listeners, let owed replies go out for up to ``grace``
+        seconds, then cancel whatever is left."""
+        self._accept_scope.cancel()
+        for listener in self._listeners:
+            await listener.aclose()
+        for connection in list(self.connections):
+            connection.stop_reading()
+        if self.connections:
+            with trio.move_on_after(grace):
+                await self._idle.wait()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()

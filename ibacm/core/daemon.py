@@ -1,0 +1,426 @@
+"""The ibacm daemon: one root nursery that owns the fabric, the clients and the admin socket.
+
+Start-up (options.md §8 order, minus the parts the CLI does first): providers, devices and
+ports, client listeners and their files, admin socket, signals, then READY=1. Shutdown is
+graceful: listeners close, replies already owed go out (for up to ``shutdown_grace``
+seconds), ports are closed through the provider, ``provider.stop()`` runs, and every file the
+daemon created is removed. SIGHUP reopens the log and reloads the option and address files
+without dropping clients.
+
+``Daemon`` also implements the admin socket's ``DaemonControl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import ipaddress
+import logging
+import os
+import resource
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import structlog
+import trio
+
+from ibacm import __version__
+from ibacm.config.address_literals import classify
+from ibacm.config.options import Options, ServerMode, load_options
+from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
+from ibacm.core.admin import AdminSocketError, serve_admin
+from ibacm.core.clients import ClientServer
+from ibacm.core.dispatch import Dispatcher
+from ibacm.core.events import EventBus
+from ibacm.core.listeners import ClientListeners, ListenerError, open_client_listeners
+from ibacm.core.logging import CONFIG_LOGGER, LogControl, python_level
+from ibacm.core.model import EndpointState, find_endpoint, iter_endpoints
+from ibacm.core.services import DaemonServices
+from ibacm.core.srcaddr import Probe, kernel_probe
+from ibacm.core.systemd import Notifier
+from ibacm.core.topology import AddressFile, Topology, endpoint_summary, port_info
+from ibacm.fabric.api import Fabric, NoDevicesError
+from ibacm.provider.api import Counters
+from ibacm.provider.registry import PrefixRule, ProviderEntry, ProviderSet, discover_providers
+from ibacm.wire.client import AddrType
+
+log = structlog.get_logger("ibacm.daemon")
+config_log = structlog.get_logger(CONFIG_LOGGER)
+
+SHUTDOWN_GRACE = 2.0
+"""Seconds in-flight requests get to finish at shutdown."""
+BANNER = "Assistant to the InfiniBand Communication Manager"
+
+# Options the running daemon cannot change: a reload reports them and keeps the old value.
+RESTART_OPTIONS = (
+    "server_mode",
+    "server_port",
+    "acme_plus_kernel_only",
+    "lock_file",
+    "run_dir",
+    "admin_socket",
+    "providers",
+    "provider_lib_path",
+    "umad_debug_level",
+    "metrics_port",
+)
+
+
+def raise_fd_limit() -> int:
+    """Soft RLIMIT_NOFILE := hard, so the number of clients is not capped (defect 2)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-file limit", soft=soft, hard=hard, error=str(exc))
+        return soft
+    return target
+
+
+def parse_destination(text: str) -> tuple[AddrType, bytes]:
+    """An admin ``flush`` destination: an IPv4/IPv6 literal or a name (64-byte info)."""
+    text = text.strip()
+    if not text:
+        raise ValueError("destination is empty")
+    addr_type, info = classify(text)
+    return AddrType(addr_type), info
+
+
+def provider_choice(
+    options: Options, loaded: Sequence[ProviderEntry]
+) -> tuple[str | None, list[PrefixRule]]:
+    """The default provider and the prefix rules from the ``provider`` lines (options.md §2)."""
+    names = {entry.name.lower() for entry in loaded}
+    default: str | None = None
+    rules: list[PrefixRule] = []
+    for line in options.providers:
+        if line.default:
+            # C changes the default only for a provider it loaded; the last such line wins.
+            if line.name.lower() in names:
+                default = line.name
+        elif line.prefix is not None:
+            rules.append(PrefixRule(line.prefix, line.name))
+    return default, rules
+
+
+class Daemon:
+    """One ibacm instance on one fabric."""
+
+    def __init__(
+        self,
+        options: Options,
+        fabric: Fabric,
+        *,
+        opts_file: str | None = None,
+        addr_file: str = DEFAULT_ADDR_FILE,
+        providers: Sequence[ProviderEntry] | None = None,
+        inherited_stream: socket.socket | None = None,
+        systemd: bool = False,
+        run_dir: str | None = None,
+        log_control: LogControl | None = None,
+        notifier: Notifier | None = None,
+        probe: Probe = kernel_probe,
+        handle_signals: bool = False,
+        shutdown_grace: float = SHUTDOWN_GRACE,
+        admin: bool = True,
+    ) -> None:
+        self.fabric = fabric
+        self.opts_file = opts_file
+        self.systemd = systemd
+        self.run_dir = run_dir
+        self.options = self._with_overrides(options)
+        self.inherited_stream = inherited_stream
+        self.log_control = log_control
+        self.notifier = notifier or Notifier(None)
+        self.handle_signals = handle_signals
+        self.shutdown_grace = shutdown_grace
+        self.admin = admin
+        self.counters = Counters()
+        self.bus = EventBus()
+        self.services = DaemonServices(self.options, self.counters, self.bus)
+        self.provider_entries = list(providers) if providers is not None else None
+        self.providers = ProviderSet({})
+        self.addr_file = AddressFile(addr_file, support_ips=self.options.support_ips_in_addr_cfg)
+        self.topology = Topology(fabric, self.providers, self.services, self.addr_file)
+        self.dispatcher = Dispatcher(self.topology.devices, self.counters, probe)
+        self.clients = ClientServer(self.dispatcher)
+        self.listeners: ClientListeners | None = None
+        self.admin_path: str | None = None
+        self.ready = trio.Event()
+        """Set once the daemon serves."""
+        self.stopped = trio.Event()
+        """Set when ``run`` has finished (cleanly or not)."""
+        self._stop = trio.Event()
+        self._started_wall = time.time()
+        self._started = 0.0
+        self._reload_lock = trio.Lock()
+
+    # -- options -------------------------------------------------------------------------------
+    def _with_overrides(self, options: Options) -> Options:
+        """Command-line overrides that outrank the option file (also after a reload)."""
+        if self.run_dir is not None:
+            options.run_dir = self.run_dir
+        if self.systemd:
+            options.server_mode = ServerMode.UNIX
+        return options
+
+    @property
+    def paths(self) -> RunPaths:
+        return self.options.run_paths
+
+    def _log_banner(self) -> None:
+        config_log.info(BANNER, version=__version__, pid=os.getpid())
+        for label, value in self.options.summary(
+            self.opts_file or "(defaults)", self.addr_file.path
+        ):
+            config_log.info("option", name=label, value=value)
+
+    # -- running -------------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until ``request_shutdown`` (or SIGTERM/SIGINT with ``handle_signals``).
+
+        Raises ``NoDevicesError`` when the fabric has no device, ``ListenerError`` when the
+        client socket cannot be created; both before ``started``.
+        """
+        self._started = trio.current_time()
+        raise_fd_limit()
+        if self.log_control is not None:
+            self.log_control.bus = self.bus
+        self._log_banner()
+        await self._load_providers()
+        try:
+            async with _startup_errors_unwrapped(), trio.open_nursery() as root:
+                await root.start(self.topology.run)
+                self.listeners = await open_client_listeners(
+                    self.paths,
+                    self.options.server_mode,
+                    self.options.server_port,
+                    acme_plus_kernel_only=self.options.acme_plus_kernel_only,
+                    inherited=self.inherited_stream,
+                )
+                await root.start(self.clients.serve, self.listeners.listeners)
+                log.info("serving clients", on=self.listeners.addresses)
+                if self.admin:
+                    await self._start_admin(root)
+                if self.handle_signals:
+                    await root.start(self._signals)
+                self.ready.set()
+                await self.notifier.ready(f"serving {', '.join(self.listeners.addresses)}")
+                task_status.started(self)
+                await self._stop.wait()
+                await self._graceful_stop()
+                root.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._release()
+            self.stopped.set()
+
+    async def _load_providers(self) -> None:
+        entries = self.provider_entries
+        if entries is None:
+            entries, _ = discover_providers()
+        default, rules = provider_choice(self.options, entries)
+        self.providers = ProviderSet.create(entries, self.services, default=default, rules=rules)
+        self.topology.providers = self.providers
+        await self.providers.start()
+        names = [provider.name for provider in self.providers.providers]
+        config_log.info(
+            "providers",
+            loaded=names,
+            default=self.providers.default.name if self.providers.default else None,
+        )
+        if not names:
+            log.error("no provider loaded: ports will have no endpoints")
+
+    async def _start_admin(self, root: trio.Nursery) -> None:
+        path = str(self.options.admin_socket_path)
+        try:
+            self.admin_path = await root.start(serve_admin, path, self, self.bus)
+        except AdminSocketError as exc:
+            log.error("admin socket disabled", error=str(exc))
+
+    async def _signals(self, *, task_status: trio.TaskStatus[None]) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.info("SIGHUP: reopening the log and reloading the configuration")
+                    if self.log_control is not None:
+                        self.log_control.reopen()
+                    try:
+                        await self.reload()
+                    except Exception:
+                        log.exception("reload failed; configuration unchanged")
+                else:
+                    log.warning(
+                        "signal received; shutting down", signal=signal.Signals(signum).name
+                    )
+                    self.request_shutdown()
+
+    def request_shutdown(self) -> None:
+        self._stop.set()
+
+    async def _graceful_stop(self) -> None:
+        log.warning("shutting down")
+        await self.notifier.stopping()
+        with trio.move_on_after(self.shutdown_grace + 1.0):
+            await self.clients.drain(self.shutdown_grace)
+        with trio.move_on_after(self.shutdown_grace):
+            await self.topology.close()
+        await self.providers.stop()
+
+    async def _release(self) -> None:
+        if self.listeners is not None:
+            self.listeners.files.cleanup()
+        with trio.move_on_after(self.shutdown_grace):
+            try:
+                await self.fabric.aclose()
+            except Exception:
+                log.exception("closing the fabric failed")
+        self.bus.close()
+        if self.log_control is not None:
+            self.log_control.bus = None
+
+    # -- DaemonControl -------------------------------------------------------------------------
+    async def reload(self) -> None:
+        """Re-read the option and address files (SIGHUP / admin ``reload``)."""
+        async with self._reload_lock:
+            new = self._read_options()
+            self._keep_restart_options(new)
+            old, self.options = self.options, new
+            self.services.options = new
+            self._apply_logging(old, new)
+            self.topology.apply_sa_depth(new.sa_depth)
+            self.addr_file.support_ips = new.support_ips_in_addr_cfg
+            await self.topology.reload_addresses()
+            log.info(
+                "configuration reloaded", opts_file=self.opts_file, addr_file=self.addr_file.path
+            )
+
+    def _read_options(self) -> Options:
+        if self.opts_file is None:
+            return dataclasses.replace(self.options)
+        options, issues = load_options(self.opts_file)
+        for issue in issues:
+            log.warning("option file", problem=str(issue))
+        return self._with_overrides(options)
+
+    def _keep_restart_options(self, new: Options) -> None:
+        for name in RESTART_OPTIONS:
+            before, after = getattr(self.options, name), getattr(new, name)
+            if before != after:
+                log.warning(
+                    "option changed in the file but needs a restart; keeping the running value",
+                    option=name,
+                    running=str(before),
+                    file=str(after),
+                )
+                setattr(new, name, before)
+
+    def _apply_logging(self, old: Options, new: Options) -> None:
+        control = self.log_control
+        if control is None:
+            return
+        if (old.log_file, old.log_format) != (new.log_file, new.log_format):
+            control.configure(
+                destination=new.log_file, level=new.log_level, log_format=new.log_format.value
+            )
+        elif old.log_level != new.log_level:
+            control.set_level(new.log_level)
+
+    def set_log_level(self, level: int) -> None:
+        self.options.log_level = level
+        if self.log_control is not None:
+            self.log_control.set_level(level)
+        else:
+            logging.getLogger().setLevel(python_level(level))
+
+    async def flush(self, endpoint: str | None, dest: str | None) -> int:
+        targets: list[EndpointState]
+        if endpoint is None:
+            targets = list(iter_endpoints(self.topology.devices))
+        else:
+            found = find_endpoint(self.topology.devices, endpoint)
+            if found is None:
+                raise LookupError(f"unknown endpoint {endpoint!r}")
+            targets = [found]
+        key = parse_destination(dest) if dest is not None else None
+        total = 0
+        for target in targets:
+            provider = target.port.provider
+            if provider is not None and target.ctx is not None:
+                total += provider.flush(target.ctx, key)
+        await trio.lowlevel.checkpoint()
+        return total
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "daemon": {
+                "version": __version__,
+                "pid": os.getpid(),
+                "node": self.fabric.hostname,
+                "started": self._started_wall,
+                "uptime": trio.current_time() - self._started,
+                "log_level": self.options.log_level,
+                "clients": self.clients.active,
+                "providers": [provider.name for provider in self.providers.providers],
+                "listening": self.listeners.addresses if self.listeners else [],
+                "admin_socket": self.admin_path,
+            },
+            "options": _jsonable(dataclasses.asdict(self.options)),
+            "counters": self.counters.snapshot(),
+            "ports": [port_info(port) for device in self.topology.devices for port in device.ports],
+            "endpoints": [self._endpoint_info(ep) for ep in iter_endpoints(self.topology.devices)],
+        }
+
+    def _endpoint_info(self, endpoint: EndpointState) -> dict[str, Any]:
+        info = endpoint_summary(endpoint)
+        provider = endpoint.port.provider
+        if provider is not None and endpoint.ctx is not None:
+            try:
+                info.update(provider.describe_endpoint(endpoint.ctx))
+                info["counters"] = [int(v) for v in provider.query_perf(endpoint.ctx)]
+            except Exception:
+                log.exception("provider could not describe endpoint", endpoint=endpoint.id)
+        return info
+
+
+STARTUP_ERRORS = (NoDevicesError, ListenerError)
+
+
+@contextlib.asynccontextmanager
+async def _startup_errors_unwrapped() -> AsyncIterator[None]:
+    """Let a start-up failure leave ``run`` as itself, not inside the root nursery's group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], STARTUP_ERRORS):
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _jsonable(value: Any) -> Any:
+    """Options as plain JSON values (enums by name)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.name.lower()
+    return value

@@ -1,0 +1,250 @@
+"""The in-process ``Fabric`` of one simulated node (``world.fabric("node1")``).
+
+Devices, ports and UD QPs are thin handles on the world's runtime state: sends go straight to
+``SimWorld``, receives and events arrive in bounded (QP) or unbounded (events) trio memory
+channels. Closing the fabric destroys its QPs and stops its event and SA deliveries, as a
+process exit would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from ibacm.fabric.api import (
+    ACM_QKEY,
+    AddressVector,
+    Device,
+    Fabric,
+    FabricError,
+    InterfaceAddress,
+    IpEvent,
+    NoDevicesError,
+    Port,
+    PortAttributes,
+    PortEvent,
+    ReceivedMad,
+    SaDestination,
+    UdQp,
+)
+from ibacm.fabric.sim.umad import UmadAgent
+
+if TYPE_CHECKING:
+    from ibacm.fabric.sim.world import DeviceRuntime, HostRuntime, PortRuntime, SimWorld, WorldQp
+
+
+class SimUdQp(UdQp):
+    """A UD QP whose receive queue holds ``recv_depth`` MADs (more are dropped)."""
+
+    def __init__(
+        self, world: SimWorld, port: PortRuntime, pkey_index: int, recv_depth: int, qkey: int
+    ) -> None:
+        if recv_depth < 1:
+            raise FabricError(f"recv_depth must be >= 1, got {recv_depth}")
+        self._world = world
+        self._depth = recv_depth
+        # A deque and a parking lot: cheaper than a memory channel on the delivery hot path.
+        self._queue: deque[ReceivedMad] = deque()
+        self._waiters = trio.lowlevel.ParkingLot()
+        self._qp: WorldQp = world.create_qp(port, pkey_index, self, qkey=qkey)
+
+    @property
+    def qpn(self) -> int:
+        return self._qp.qpn
+
+    @property
+    def closed(self) -> bool:
+        return self._qp.closed
+
+    def deliver(self, received: ReceivedMad) -> bool:
+        if self._qp.closed or len(self._queue) >= self._depth:
+            return False
+        self._queue.append(received)
+        if self._waiters:
+            self._waiters.unpark()
+        return True
+
+    async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        await trio.lowlevel.checkpoint()
+        self._world.ud_send(self._qp, mad, av, remote_qpn)
+
+    async def receive(self) -> ReceivedMad:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._queue:
+            if self._qp.closed:
+                raise trio.ClosedResourceError("the QP was destroyed")
+            await self._waiters.park()
+        if self._qp.closed:
+            raise trio.ClosedResourceError("the QP was destroyed")
+        return self._queue.popleft()
+
+    async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
+        await trio.lowlevel.checkpoint()
+        self._world.attach(self._qp, mgid, mlid)
+
+    async def detach_mcast(self, mgid: bytes, mlid: int) -> None:
+        await trio.lowlevel.checkpoint()
+        self._world.detach(self._qp, mgid, mlid)
+
+    def close(self) -> None:
+        self._world.destroy_qp(self._qp)
+        self._queue.clear()
+        self._waiters.unpark_all()
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+
+class SimPort(Port):
+    def __init__(self, device: SimDevice, runtime: PortRuntime) -> None:
+        self._device = device
+        self._runtime = runtime
+        self._agent: UmadAgent | None = None
+        self._agent_id = 0
+
+    @property
+    def port_num(self) -> int:
+        return self._runtime.num
+
+    async def query(self) -> PortAttributes:
+        await trio.lowlevel.checkpoint()
+        self._device.fabric.check_open()
+        return self._device.world.port_attributes(self._runtime)
+
+    def _umad(self) -> UmadAgent:
+        if self._agent is None:
+            agent_id = self._device.world.register_agent(self._runtime, self._deliver_sa)
+            self._agent = UmadAgent(agent_id)
+        return self._agent
+
+    def _deliver_sa(self, mad: bytes) -> None:
+        if self._agent is not None:
+            self._agent.deliver(mad)
+
+    async def sa_send(
+        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> bytes:
+        self._device.fabric.check_open()
+        world, runtime = self._device.world, self._runtime
+
+        async def transmit(wire: bytes) -> None:
+            await trio.lowlevel.checkpoint()
+            world.sa_transmit(runtime, wire, dest)
+
+        return await self._umad().send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
+
+    async def open_ud(self, pkey_index: int, *, recv_depth: int, qkey: int = ACM_QKEY) -> UdQp:
+        """The ACM UD QP; ``qkey`` exists so tests can show a Q_Key mismatch being dropped."""
+        await trio.lowlevel.checkpoint()
+        fabric = self._device.fabric
+        fabric.check_open()
+        qp = SimUdQp(self._device.world, self._runtime, pkey_index, recv_depth, qkey)
+        fabric.qps.append(qp)
+        return qp
+
+    def close(self) -> None:
+        if self._agent is not None:
+            self._device.world.unregister_agent(self._runtime, self._agent.agent_id)
+            self._agent = None
+
+
+class SimDevice(Device):
+    def __init__(self, fabric: SimFabric, runtime: DeviceRuntime) -> None:
+        self.fabric = fabric
+        self.world = fabric.world
+        self._runtime = runtime
+        self._ports = {p.num: SimPort(self, p) for p in runtime.ports}
+        self._events_in, self._events_out = trio.open_memory_channel[PortEvent](math.inf)
+        self.world.subscribe_events(runtime, self)
+
+    @property
+    def name(self) -> str:
+        return self._runtime.name
+
+    @property
+    def node_guid(self) -> int:
+        return self._runtime.node_guid
+
+    @property
+    def phys_port_cnt(self) -> int:
+        return max(self._ports, default=0)
+
+    def port(self, port_num: int) -> Port:
+        try:
+            return self._ports[port_num]
+        except KeyError:
+            raise FabricError(f"{self.name} has no port {port_num}") from None
+
+    def deliver_event(self, event: PortEvent) -> None:
+        with contextlib.suppress(trio.ClosedResourceError):
+            self._events_in.send_nowait(event)
+
+    async def wait_event(self) -> PortEvent:
+        return await self._events_out.receive()
+
+    def close(self) -> None:
+        self.world.unsubscribe_events(self._runtime, self)
+        for port in self._ports.values():
+            port.close()
+        self._events_out.close()
+        self._events_in.close()
+
+
+class SimFabric(Fabric):
+    """The Fabric of one node of a ``SimWorld``; see the module docstring."""
+
+    def __init__(self, world: SimWorld, host: HostRuntime) -> None:
+        self.world = world
+        self._host = host
+        self.devices: list[SimDevice] = []
+        self.qps: list[SimUdQp] = []
+        self._closed = False
+        self._ip_in, self._ip_out = trio.open_memory_channel[IpEvent](math.inf)
+        world.subscribe_ip(host, self)
+
+    @property
+    def hostname(self) -> str:
+        return self._host.name
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise FabricError(f"the fabric of {self._host.name} is closed")
+
+    async def open(self) -> Sequence[Device]:
+        await trio.lowlevel.checkpoint()
+        self.check_open()
+        if not self._host.devices:
+            raise NoDevicesError(f"{self._host.name} has no InfiniBand device")
+        if not self.devices:
+            self.devices = [SimDevice(self, runtime) for runtime in self._host.devices]
+        return list(self.devices)
+
+    async def interface_addresses(self) -> Sequence[InterfaceAddress]:
+        await trio.lowlevel.checkpoint()
+        self.check_open()
+        return list(self._host.addresses)
+
+    def deliver_ip(self, event: IpEvent) -> None:
+        with contextlib.suppress(trio.ClosedResourceError):
+            self._ip_in.send_nowait(event)
+
+    async def wait_ip_event(self) -> IpEvent:
+        return await self._ip_out.receive()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for qp in self.qps:
+                qp.close()
+            for device in self.devices:
+                device.close()
+            self.world.unsubscribe_ip(self._host, self)
+            self._ip_out.close()
+            self._ip_in.close()
+        await trio.lowlevel.checkpoint()

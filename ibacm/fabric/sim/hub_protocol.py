@@ -1,0 +1,250 @@
+"""Frames between a simulator hub and the daemons (or ``ibacm-sim``) using it; pure codec.
+
+Every frame is a 4-byte big-endian length (of what follows), a 1-byte type and a body. MADs
+travel as raw bytes behind a small binary header; only control and attribute messages are
+JSON. ``FrameDecoder`` turns a byte stream into frames (sans-I/O: feed bytes, get frames);
+the ``encode_*`` / ``decode_*`` functions build and read each body.
+
+Client -> hub: CALL (id + JSON request), UD_SEND (id, QP handle, remote QPN, address vector,
+MAD), SA_SEND (id, device index, port, SM LID/SL, P_Key index, MAD), STAT (JSON counts).
+Hub -> client: REPLY (id + JSON result or error), OK (id), UD_RECV (QP handle, GRH and
+completion fields, MAD), SA_RECV (device index, port, MAD), EVENT (device index, port,
+event code), IP_EVENT (JSON).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ibacm.fabric.api import AddressVector, PortEventType, ReceivedMad
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 1 << 20
+"""Largest accepted frame body (a JSON status of a big fabric fits easily)."""
+MAD_LEN = 256
+
+
+class HubProtocolError(ValueError):
+    """A frame is malformed; the connection cannot continue."""
+
+
+class FrameType(enum.IntEnum):
+    CALL = 0x01
+    UD_SEND = 0x02
+    SA_SEND = 0x03
+    STAT = 0x04
+    REPLY = 0x81
+    UD_RECV = 0x82
+    OK = 0x83
+    SA_RECV = 0x84
+    EVENT = 0x85
+    IP_EVENT = 0x86
+
+
+EVENT_CODES: tuple[PortEventType, ...] = tuple(PortEventType)
+
+_HEAD = struct.Struct(">IB")
+_ID = struct.Struct(">I")
+_AV = struct.Struct(">HBBBBBBI16s")
+_UD_SEND = struct.Struct(">III")
+_SA_SEND = struct.Struct(">IBBHBH")
+_UD_RECV = struct.Struct(">IHIBH16s16s")
+_DEV_PORT = struct.Struct(">BB")
+_EVENT = struct.Struct(">BBB")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    type: int
+    body: bytes
+
+
+def frame(kind: FrameType, body: bytes) -> bytes:
+    if len(body) + 1 > MAX_FRAME:
+        raise HubProtocolError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
+    return _HEAD.pack(len(body) + 1, kind) + body
+
+
+class FrameDecoder:
+    """Accumulates stream bytes and returns complete frames."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes | bytearray) -> list[Frame]:
+        self._buffer += data
+        frames = []
+        buffer = self._buffer
+        offset = 0
+        while len(buffer) - offset >= 4:
+            (length,) = _ID.unpack_from(buffer, offset)
+            if not 1 <= length <= MAX_FRAME:
+                raise HubProtocolError(f"frame length {length} outside 1..{MAX_FRAME}")
+            if len(buffer) - offset - 4 < length:
+                break
+            start = offset + 4
+            frames.append(Frame(buffer[start], bytes(buffer[start + 1 : start + length])))
+            offset = start + length
+        del buffer[:offset]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+
+# -- JSON calls and replies ---------------------------------------------------------------
+
+
+def encode_call(call_id: int, request: dict[str, Any]) -> bytes:
+    return frame(FrameType.CALL, _ID.pack(call_id) + json.dumps(request).encode())
+
+
+def encode_reply(call_id: int, result: Any = None, error: BaseException | None = None) -> bytes:
+    if error is not None:
+        payload: dict[str, Any] = {"error": {"type": type(error).__name__, "message": str(error)}}
+    else:
+        payload = {"ok": result}
+    return frame(FrameType.REPLY, _ID.pack(call_id) + json.dumps(payload).encode())
+
+
+def encode_ok(call_id: int) -> bytes:
+    return frame(FrameType.OK, _ID.pack(call_id))
+
+
+def decode_json_body(body: bytes) -> tuple[int, Any]:
+    """(call id, decoded JSON) of a CALL or REPLY body."""
+    if len(body) < 4:
+        raise HubProtocolError("call/reply body shorter than its 4-byte id")
+    (call_id,) = _ID.unpack_from(body)
+    try:
+        return call_id, json.loads(body[4:])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HubProtocolError(f"bad JSON in frame: {exc}") from exc
+
+
+def decode_ok(body: bytes) -> int:
+    if len(body) != 4:
+        raise HubProtocolError(f"OK frame of {len(body)} bytes, expected 4")
+    return int(_ID.unpack(body)[0])
+
+
+def encode_json(kind: FrameType, payload: Any) -> bytes:
+    return frame(kind, json.dumps(payload).encode())
+
+
+def decode_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HubProtocolError(f"bad JSON in frame: {exc}") from exc
+
+
+# -- MADs ---------------------------------------------------------------------------------
+
+
+def _check_mad(mad: bytes) -> bytes:
+    if len(mad) != MAD_LEN:
+        raise HubProtocolError(f"MAD of {len(mad)} bytes, expected {MAD_LEN}")
+    return mad
+
+
+def encode_ud_send(
+    call_id: int, handle: int, remote_qpn: int, av: AddressVector, mad: bytes
+) -> bytes:
+    if len(av.dgid) != 16:
+        raise HubProtocolError(f"DGID of {len(av.dgid)} bytes")
+    try:
+        packed_av = _AV.pack(
+            av.dlid,
+            av.sl,
+            av.src_path_bits,
+            av.static_rate,
+            av.sgid_index,
+            av.hop_limit,
+            av.traffic_class,
+            av.flow_label,
+            av.dgid,
+        )
+        head = _UD_SEND.pack(call_id, handle, remote_qpn)
+    except struct.error as exc:
+        raise HubProtocolError(f"address vector field out of range: {exc}") from exc
+    return frame(FrameType.UD_SEND, head + packed_av + _check_mad(mad))
+
+
+def decode_ud_send(body: bytes) -> tuple[int, int, int, AddressVector, bytes]:
+    """(call id, QP handle, remote QPN, address vector, MAD)."""
+    expected = _UD_SEND.size + _AV.size + MAD_LEN
+    if len(body) != expected:
+        raise HubProtocolError(f"UD_SEND of {len(body)} bytes, expected {expected}")
+    call_id, handle, remote_qpn = _UD_SEND.unpack_from(body)
+    dlid, sl, bits, rate, sgid_index, hop, tclass, flow, dgid = _AV.unpack_from(body, _UD_SEND.size)
+    av = AddressVector(dlid, dgid, sl, bits, rate, sgid_index, flow, hop, tclass)
+    return call_id, handle, remote_qpn, av, body[_UD_SEND.size + _AV.size :]
+
+
+def encode_sa_send(
+    call_id: int, device: int, port: int, sm_lid: int, sm_sl: int, pkey_index: int, mad: bytes
+) -> bytes:
+    try:
+        head = _SA_SEND.pack(call_id, device, port, sm_lid, sm_sl, pkey_index)
+    except struct.error as exc:
+        raise HubProtocolError(f"SA destination field out of range: {exc}") from exc
+    return frame(FrameType.SA_SEND, head + _check_mad(mad))
+
+
+def decode_sa_send(body: bytes) -> tuple[int, int, int, int, int, int, bytes]:
+    """(call id, device index, port, SM LID, SM SL, P_Key index, MAD)."""
+    if len(body) != _SA_SEND.size + MAD_LEN:
+        raise HubProtocolError(f"SA_SEND of {len(body)} bytes")
+    call_id, device, port, sm_lid, sm_sl, pkey_index = _SA_SEND.unpack_from(body)
+    return call_id, device, port, sm_lid, sm_sl, pkey_index, body[_SA_SEND.size :]
+
+
+def encode_ud_recv(handle: int, received: ReceivedMad) -> bytes:
+    head = _UD_RECV.pack(
+        handle,
+        received.slid,
+        received.src_qp,
+        received.dlid_path_bits,
+        received.pkey_index,
+        received.sgid,
+        received.dgid,
+    )
+    return frame(FrameType.UD_RECV, head + _check_mad(received.mad))
+
+
+def decode_ud_recv(body: bytes) -> tuple[int, ReceivedMad]:
+    if len(body) != _UD_RECV.size + MAD_LEN:
+        raise HubProtocolError(f"UD_RECV of {len(body)} bytes")
+    handle, slid, src_qp, bits, pkey_index, sgid, dgid = _UD_RECV.unpack_from(body)
+    mad = body[_UD_RECV.size :]
+    return handle, ReceivedMad(mad, sgid, dgid, slid, src_qp, bits, pkey_index)
+
+
+def encode_sa_recv(device: int, port: int, mad: bytes) -> bytes:
+    return frame(FrameType.SA_RECV, _DEV_PORT.pack(device, port) + _check_mad(mad))
+
+
+def decode_sa_recv(body: bytes) -> tuple[int, int, bytes]:
+    if len(body) != _DEV_PORT.size + MAD_LEN:
+        raise HubProtocolError(f"SA_RECV of {len(body)} bytes")
+    device, port = _DEV_PORT.unpack_from(body)
+    return device, port, body[_DEV_PORT.size :]
+
+
+def encode_event(device: int, port: int, kind: PortEventType) -> bytes:
+    return frame(FrameType.EVENT, _EVENT.pack(device, port, EVENT_CODES.index(kind)))
+
+
+def decode_event(body: bytes) -> tuple[int, int, PortEventType]:
+    if len(body) != _EVENT.size:
+        raise HubProtocolError(f"EVENT of {len(body)} bytes")
+    device, port, code = _EVENT.unpack(body)
+    if code >= len(EVENT_CODES):
+        raise HubProtocolError(f"unknown event code {code}")
+    return device, port, EVENT_CODES[code]

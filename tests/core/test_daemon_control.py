@@ -1,0 +1,129 @@
+"""The daemon as the admin socket's ``DaemonControl``: snapshot, flush, reload, log level,
+and the events it publishes, all through the real admin socket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ibacm.config.options import ServerMode
+from ibacm.wire import admin as wire
+from ibacm.wire.client import AddrType
+from tests.core.support import Running, make_options, sim_daemon
+
+
+class AdminClient:
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.lines = wire.LineBuffer(wire.MAX_SERVER_LINE)
+        self.pending: list[bytes] = []
+        self.next_id = 0
+
+    @classmethod
+    async def connect(cls, run: Running) -> AdminClient:
+        assert run.daemon.admin_path is not None
+        return cls(await trio.open_unix_socket(run.daemon.admin_path))
+
+    async def message(self) -> wire.ServerMessage:
+        while not self.pending:
+            data = await self.stream.receive_some(65536)
+            assert data, "admin socket closed"
+            self.pending.extend(line for line in self.lines.feed(data) if isinstance(line, bytes))
+        return wire.parse_server_message(self.pending.pop(0))
+
+    async def call(self, cmd: wire.Command, **args: Any) -> wire.Reply:
+        self.next_id += 1
+        await self.stream.send_all(wire.encode_request(wire.Request(cmd, self.next_id, args)))
+        while True:
+            message = await self.message()
+            if isinstance(message, wire.Reply) and message.id == self.next_id:
+                return message
+
+    async def event(self, kind: str) -> wire.EventMessage:
+        with trio.fail_after(5):
+            while True:
+                message = await self.message()
+                if isinstance(message, wire.EventMessage) and message.event == kind:
+                    return message
+
+
+@pytest.mark.trio
+async def test_snapshot(tmp_path: Path) -> None:
+    async with sim_daemon(tmp_path, addr_lines=["node1 mlx5_0 1 default"], admin=True) as run:
+        admin = await AdminClient.connect(run)
+        reply = await admin.call(wire.Command.SNAPSHOT)
+        assert reply.ok
+        snap = reply.result
+        assert snap["daemon"]["node"] == "node1"
+        assert snap["daemon"]["providers"] == ["testprov"]
+        assert snap["options"]["server_mode"] == "unix"
+        assert snap["counters"] == [0] * 7
+        [port] = snap["ports"]
+        assert (port["id"], port["state"], port["lid"]) == ("mlx5_0/1", "ACTIVE", 2)
+        assert port["sa"]["depth"] == 1
+        [endpoint] = snap["endpoints"]
+        assert endpoint["id"] == "mlx5_0/1/0xffff"
+        assert endpoint["state"] == "ready"  # the provider's description wins
+        assert endpoint["addresses"] == [
+            {"type": "ip", "address": "10.0.0.1/16"},
+            {"type": "ip6", "address": "fd00::1/64"},
+            {"type": "name", "address": "node1"},
+        ]
+        assert endpoint["counters"] == [0] * 7
+        await admin.stream.aclose()
+
+
+@pytest.mark.trio
+async def test_flush_and_log_level(tmp_path: Path) -> None:
+    async with sim_daemon(tmp_path, admin=True) as run:
+        admin = await AdminClient.connect(run)
+        reply = await admin.call(wire.Command.FLUSH, endpoint="mlx5_0/1/0xFFFF", dest="10.0.0.2")
+        assert (reply.ok, reply.result) == (True, {"flushed": 1})
+        assert run.provider.events[-1] == ("flush", (AddrType.IP, bytes([10, 0, 0, 2]) + bytes(60)))
+        reply = await admin.call(wire.Command.FLUSH, endpoint="mlx5_9/1/0xffff")
+        assert not reply.ok and reply.code == "bad_argument"
+        assert "unknown endpoint" in (reply.error or "")
+        reply = await admin.call(wire.Command.SET_LOG_LEVEL, level=2)
+        assert reply.ok and run.daemon.options.log_level == 2
+        await admin.stream.aclose()
+
+
+@pytest.mark.trio
+async def test_reload_keeps_restart_only_options(tmp_path: Path) -> None:
+    opts = tmp_path / "ibacm_opts.cfg"
+    options = make_options(tmp_path)
+    opts.write_text(f"run_dir {options.run_dir}\nprovider testprov default\nsa_depth 1\n")
+    async with sim_daemon(tmp_path, options=options, opts_file=str(opts), admin=True) as run:
+        opts.write_text(
+            f"run_dir {options.run_dir}\nprovider testprov default\n"
+            "sa_depth 4\nserver_mode open\nlog_level 1\n"
+        )
+        admin = await AdminClient.connect(run)
+        reply = await admin.call(wire.Command.RELOAD)
+        assert reply.ok
+        daemon = run.daemon
+        assert daemon.options.server_mode == ServerMode.UNIX  # needs a restart
+        assert daemon.options.log_level == 1
+        port = daemon.topology.devices[0].ports[0]
+        assert port.sa is not None and port.sa.depth == 4
+        assert daemon.services.options is daemon.options
+        await admin.stream.aclose()
+
+
+@pytest.mark.trio
+async def test_changes_are_published(tmp_path: Path) -> None:
+    async with sim_daemon(tmp_path, admin=True) as run:
+        admin = await AdminClient.connect(run)
+        reply = await admin.call(wire.Command.SUBSCRIBE, kinds=["endpoint", "port"])
+        assert reply.ok
+        run.world.add_address("node1", "ib0", "10.0.3.3/16")
+        event = await admin.event("endpoint")
+        assert event.data["id"] == "mlx5_0/1/0xffff"
+        assert {"type": "ip", "address": "10.0.3.3"} in event.data["addresses"]
+        run.world.set_port_state("node1", "mlx5_0", 1, False)
+        event = await admin.event("port")
+        assert (event.data["id"], event.data["state"]) == ("mlx5_0/1", "DOWN")
+        await admin.stream.aclose()

@@ -1,0 +1,273 @@
+"""The umad SA agent: TID matching, timeouts, send failures, RMPP, closing.
+
+The fake umad behaves like the kernel where it matters (upper TID bits rewritten, blocking
+receive with a timeout in a worker thread, ETIMEDOUT returns), so these run on trio's real
+clock with short timeouts.
+"""
+
+from __future__ import annotations
+
+import errno
+from functools import partial
+
+import pytest
+import trio
+
+from ibacm.fabric.api import ACM_QKEY, SaDestination, SaSendError, SaTimeout
+from ibacm.fabric.hw.sa_agent import SaAgent
+from ibacm.wire.mad import (
+    Method,
+    MgmtClass,
+    RmppFlag,
+    RmppType,
+    SaAttr,
+    SaHeader,
+    SaMad,
+    build_path_get,
+    build_path_get_table,
+    build_sa_response,
+    split_rmpp,
+)
+from ibacm.wire.path_record import PathRecord
+from tests.fabric.hw.fake_umad import FakeUmad, SentMad
+
+DEST = SaDestination(sm_lid=1, sm_sl=2, pkey_index=3)
+
+
+def answer_with_dlid(umad: FakeUmad, sent: SentMad) -> None:
+    """An SA that answers a PathRecord GET with the requested DLID and SLID 9."""
+    request = SaMad.decode(sent.mad)
+    path = PathRecord.decode(request.data[:64])
+    path.slid = 9
+    umad.deliver(build_sa_response(request, 0, path.encode()))
+
+
+async def open_agent(umad: FakeUmad, **kwargs: int) -> SaAgent:
+    agent = SaAgent(umad, "mlx5_0", 1, poll_ms=10, **kwargs)
+    agent.open()
+    return agent
+
+
+def path_get(tid: int, dlid: int) -> bytes:
+    return build_path_get(tid, PathRecord(dlid=dlid))
+
+
+@pytest.mark.trio
+async def test_reply_matched_on_low_tid_bits_and_sent_like_c() -> None:
+    umad = FakeUmad(responder=answer_with_dlid)
+    agent = await open_agent(umad)
+    reply = await agent.request(path_get(0x1234, 5), DEST, timeout_ms=500, retries=2)
+    decoded = SaMad.decode(reply)
+    assert decoded.mad.tid == 0x5A5A0007_00001234  # upper bits as rewritten by the "kernel"
+    assert decoded.mad.method == Method.GET_RESP
+    assert PathRecord.decode(decoded.data[:64]).dlid == 5
+    sent = umad.sent[0]
+    assert (sent.timeout_ms, sent.retries) == (500, 2)
+    assert (sent.addr.dlid, sent.addr.dqpn, sent.addr.sl, sent.addr.qkey) == (1, 1, 2, ACM_QKEY)
+    assert sent.addr.pkey_index == 3
+    # Class 0x03, SA class version 2 (C registers version 1, defect 41), kernel RMPP.
+    assert umad.registered == [(1024, MgmtClass.SUBN_ADM, 2, 1)]
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_concurrent_requests_each_get_their_own_reply_in_any_order() -> None:
+    umad = FakeUmad()
+    agent = await open_agent(umad)
+    results: dict[int, int] = {}
+
+    async def ask(tid: int, dlid: int) -> None:
+        reply = await agent.request(path_get(tid, dlid), DEST, timeout_ms=1000, retries=0)
+        results[tid] = PathRecord.decode(SaMad.decode(reply).data[:64]).dlid
+
+    async with trio.open_nursery() as nursery:
+        for tid in range(1, 6):
+            nursery.start_soon(ask, tid, 100 + tid)
+        while len(umad.sent) < 5:
+            await trio.sleep(0.005)
+        for sent in reversed(umad.sent):  # answers arrive in reverse order
+            answer_with_dlid(umad, sent)
+    assert results == {tid: 100 + tid for tid in range(1, 6)}
+    assert agent.outstanding == 0
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_unmatched_and_late_replies_are_dropped_and_counted() -> None:
+    umad = FakeUmad()
+    agent = await open_agent(umad)
+    stray = build_sa_response(SaMad.decode(path_get(0x77, 1)), 0, bytes(64))
+    umad.deliver(stray)
+
+    async def answer_later() -> None:
+        while not umad.sent:
+            await trio.sleep(0.005)
+        answer_with_dlid(umad, umad.sent[0])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_later)
+        reply = await agent.request(path_get(0x78, 4), DEST, timeout_ms=1000, retries=0)
+    assert SaMad.decode(reply).mad.tid & 0xFFFFFFFF == 0x78
+    assert agent.unmatched == 1
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_kernel_timeout_status_raises_sa_timeout_at_once() -> None:
+    umad = FakeUmad(responder=lambda fake, sent: fake.time_out(sent))
+    agent = await open_agent(umad)
+    start = trio.current_time()
+    with pytest.raises(SaTimeout, match="ETIMEDOUT"):
+        await agent.request(path_get(9, 1), DEST, timeout_ms=2000, retries=2)
+    assert trio.current_time() - start < 1.0
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_no_answer_at_all_times_out_after_all_attempts_plus_grace() -> None:
+    umad = FakeUmad()
+    agent = await open_agent(umad, grace_ms=20)
+    start = trio.current_time()
+    with pytest.raises(SaTimeout, match="no SA reply for TID 0x0000000a in 80 ms"):
+        await agent.request(path_get(10, 1), DEST, timeout_ms=30, retries=1)
+    elapsed = trio.current_time() - start
+    assert 0.08 <= elapsed < 0.5
+    assert agent.outstanding == 0
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_other_umad_status_is_a_send_error() -> None:
+    umad = FakeUmad(responder=lambda fake, sent: fake.deliver(sent.mad, status=errno.EIO))
+    agent = await open_agent(umad)
+    with pytest.raises(SaSendError, match="umad status EIO"):
+        await agent.request(path_get(11, 1), DEST, timeout_ms=500, retries=0)
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_send_failure_and_bad_requests_raise_send_error() -> None:
+    umad = FakeUmad(fail_send=True)
+    agent = await open_agent(umad)
+    with pytest.raises(SaSendError, match="umad_send failed"):
+        await agent.request(path_get(12, 1), DEST, timeout_ms=500, retries=0)
+    assert agent.outstanding == 0
+    with pytest.raises(SaSendError, match="256 bytes, got 10"):
+        await agent.request(bytes(10), DEST, timeout_ms=500, retries=0)
+    with pytest.raises(SaSendError, match="bad umad timing"):
+        await agent.request(path_get(13, 1), DEST, timeout_ms=0, retries=0)
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_a_tid_cannot_be_outstanding_twice() -> None:
+    umad = FakeUmad()
+    agent = await open_agent(umad)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            partial(agent.request, path_get(14, 1), DEST, timeout_ms=1000, retries=0)
+        )
+        while not umad.sent:
+            await trio.sleep(0.005)
+        with pytest.raises(SaSendError, match="already outstanding"):
+            await agent.request(path_get(14, 2), DEST, timeout_ms=1000, retries=0)
+        answer_with_dlid(umad, umad.sent[0])
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_short_replies_from_the_simulator_are_padded_to_a_full_mad() -> None:
+    def short(fake: FakeUmad, sent: SentMad) -> None:
+        request = SaMad.decode(sent.mad)
+        fake.deliver(build_sa_response(request, 0x0300, bytes(64))[:120])
+
+    agent = await open_agent(FakeUmad(responder=short))
+    reply = await agent.request(path_get(15, 99), DEST, timeout_ms=500, retries=0)
+    assert len(reply) == 256
+    assert SaMad.decode(reply).sa_status == 3  # "no records"
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_rmpp_segments_are_acknowledged_and_reassembled() -> None:
+    paths = [PathRecord(dlid=lid, slid=1, pkey=0xFFFF).encode() for lid in range(2, 12)]
+
+    def table(fake: FakeUmad, sent: SentMad) -> None:
+        if SaMad.decode(sent.mad).mad.method != Method.GET_TABLE:
+            return  # an RMPP ACK
+        whole = build_sa_response(SaMad.decode(sent.mad), 0, b"".join(paths))
+        for segment in split_rmpp(whole):
+            fake.deliver(segment)
+
+    umad = FakeUmad(responder=table)
+    agent = await open_agent(umad)
+    request = build_path_get_table(0x99, PathRecord(slid=1), comp_mask=0x20)
+    reply = SaMad.decode(await agent.request(request, DEST, timeout_ms=500, retries=0))
+    assert reply.mad.method == Method.GET_TABLE_RESP
+    assert reply.mad.attr_id == SaAttr.PATH_RECORD
+    assert [PathRecord.decode(r).dlid for r in reply.records(64)] == list(range(2, 12))
+    acks = [SaHeader.decode(sent.mad) for sent in umad.sent[1:]]
+    assert [ack.seg_num for ack in acks] == [1, 2, 3, 4]  # 640 bytes = 4 segments
+    assert all(ack.rmpp_type == RmppType.ACK and ack.rmpp_flags & RmppFlag.ACTIVE for ack in acks)
+    assert all(sent.timeout_ms == 0 and sent.addr.dlid == 1 for sent in umad.sent[1:])
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_a_bad_rmpp_sequence_fails_the_request_clearly() -> None:
+    def out_of_order(fake: FakeUmad, sent: SentMad) -> None:
+        if SaMad.decode(sent.mad).mad.method != Method.GET_TABLE:
+            return
+        whole = build_sa_response(SaMad.decode(sent.mad), 0, bytes(64 * 8))
+        _first, second, *_ = split_rmpp(whole)
+        fake.deliver(second)
+
+    agent = await open_agent(FakeUmad(responder=out_of_order))
+    request = build_path_get_table(0x9A, PathRecord(slid=1), comp_mask=0x20)
+    with pytest.raises(SaSendError, match=r"bad RMPP reply.*segment 2 arrived, expected 1"):
+        await agent.request(request, DEST, timeout_ms=500, retries=0)
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_cancelled_request_does_not_lose_another_requests_reply() -> None:
+    umad = FakeUmad()
+    agent = await open_agent(umad)
+    got: list[int] = []
+
+    async def patient() -> None:
+        reply = await agent.request(path_get(21, 7), DEST, timeout_ms=2000, retries=0)
+        got.append(PathRecord.decode(SaMad.decode(reply).data[:64]).dlid)
+
+    async with trio.open_nursery() as nursery:
+        with trio.move_on_after(0.05):
+            await agent.request(path_get(20, 6), DEST, timeout_ms=2000, retries=0)
+        nursery.start_soon(patient)
+        while len(umad.sent) < 2:
+            await trio.sleep(0.005)
+        answer_with_dlid(umad, umad.sent[1])
+    assert got == [7]
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_close_fails_waiters_and_later_requests_and_releases_the_port() -> None:
+    umad = FakeUmad()
+    agent = await open_agent(umad)
+    failures: list[str] = []
+
+    async def waiting() -> None:
+        try:
+            await agent.request(path_get(30, 1), DEST, timeout_ms=5000, retries=0)
+        except SaSendError as exc:
+            failures.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiting)
+        while not umad.sent:
+            await trio.sleep(0.005)
+        await agent.aclose()
+    assert failures == ["SA agent of mlx5_0 closed"]
+    assert umad.closed == [1024] and umad.unregistered == [(1024, 7)]
+    with pytest.raises(SaSendError, match="closed"):
+        await agent.request(path_get(31, 1), DEST, timeout_ms=500, retries=0)

@@ -1,0 +1,148 @@
+"""``ibacm-sim up/status/down`` end to end, with real processes (a daemon stand-in).
+
+``fake_ibacm.py`` takes the daemon's command line, joins the fabric through the hub, opens
+the client and admin sockets and sends READY=1; the test with the real ``ibacm`` is added
+once the daemon exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import require_file
+from tests.fabric.helpers import NET_EXAMPLES
+
+FAKE_DAEMON = Path(__file__).parent / "fake_ibacm.py"
+
+
+def sim(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ibacm.tools.sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def daemon_cmd() -> str:
+    return f"{sys.executable} {FAKE_DAEMON}"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.suffix in (".sock", ".pid") or p.name == "pids.json"
+    )
+
+
+def status(root: Path) -> tuple[int, dict[str, Any]]:
+    result = sim("status", "--dir", str(root), "--json")
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_up_status_down(tmp_path: Path) -> None:
+    root = tmp_path / "cluster"
+    up = sim(
+        "up",
+        "--nodes",
+        "3",
+        "--dir",
+        str(root),
+        "--daemon-cmd",
+        daemon_cmd(),
+        "--route-prot",
+        "acm",
+        "--loss",
+        "0.01",
+    )
+    assert up.returncode == 0, up.stderr
+    assert "3 node(s) up" in up.stdout
+    try:
+        code, report = status(root)
+        assert code == 0
+        assert report["hub"]["state"] == "running" and alive(report["hub"]["pid"])
+        nodes = {n["name"]: n for n in report["nodes"]}
+        assert list(nodes) == ["node1", "node2", "node3"]
+        node2 = nodes["node2"]
+        assert (node2["lid"], node2["ipv4"], node2["ipv6"]) == (3, ["10.0.0.2"], ["fd00::2"])
+        assert node2["gid"].startswith("fe80::")
+        assert node2["socket"] == str(root / "node2" / "ibacm-unix.sock")
+        assert node2["admin_socket"] == str(root / "node2" / "ibacm-admin.sock")
+        assert all(n["state"] == "running" and alive(n["pid"]) for n in nodes.values())
+        opts = (root / "node2" / "ibacm_opts.cfg").read_text()
+        for line in (
+            f"run_dir {root / 'node2'}",
+            f"lock_file {root / 'node2' / 'ibacm.pid'}",
+            f"log_file {root / 'node2' / 'ibacm.log'}",
+            "route_prot acm",
+            f"admin_socket {root / 'node2' / 'ibacm-admin.sock'}",
+        ):
+            assert line in opts.splitlines()
+        assert "node2 mlx5_0 1 default" in (root / "node2" / "ibacm_addr.cfg").read_text()
+        # The stand-in daemon really joined the fabric through the hub.
+        assert "mlx5_0 port 1 ACTIVE lid 3" in (root / "node2" / "ibacm.log").read_text()
+        table = sim("status", "--dir", str(root))
+        assert table.returncode == 0 and "node3  4 " in table.stdout
+        hosts = sim("hosts", "--dir", str(root)).stdout
+        assert "10.0.0.3 " + nodes["node3"]["gid"] in hosts.splitlines()
+        assert sim("fault", "--dir", str(root), "loss", "0.25").stdout.startswith("loss 0.25")
+        assert "SM LID 2" in sim("stats", "--dir", str(root)).stdout
+        again = sim("up", "--nodes", "3", "--dir", str(root), "--daemon-cmd", daemon_cmd())
+        assert again.returncode == 1 and "already up" in again.stderr
+    finally:
+        down = sim("down", "--dir", str(root))
+    assert down.returncode == 0, down.stderr
+    assert not alive(report["hub"]["pid"])
+    assert not any(alive(n["pid"]) for n in report["nodes"])
+    assert leftovers(root) == []
+    assert (root / "node1" / "ibacm.log").exists()  # logs and configuration stay
+    code, after = status(root)
+    assert code == 1 and {n["state"] for n in after["nodes"]} == {"down"}
+
+
+def test_a_daemon_that_dies_fails_up_and_leaves_nothing(tmp_path: Path) -> None:
+    topology = require_file(NET_EXAMPLES / "net.2sw2path4hca")
+    root = tmp_path / "c"
+    env = dict(os.environ, FAKE_IBACM_FAIL="Hca2")
+    up = sim(
+        "up", "--topology", str(topology), "--dir", str(root), "--daemon-cmd", daemon_cmd(), env=env
+    )
+    assert up.returncode == 1
+    assert "Hca2 exited with status 3 before it was ready" in up.stderr
+    assert "failing on purpose" in up.stderr  # the tail of its log
+    pids = json.loads((root / "topology.json").read_text())  # the topology stays
+    assert [h["name"] for h in pids["hosts"]] == ["Hca1", "Hca2", "Hca3", "Hca4"]
+    assert leftovers(root) == []
+    code, report = status(root)
+    assert code == 1 and report["hub"]["state"] == "down"
+
+
+def test_bad_arguments_are_reported(tmp_path: Path) -> None:
+    result = sim("up", "--dir", str(tmp_path / "x"))
+    assert result.returncode == 1 and "--nodes N or --topology FILE" in result.stderr
+    result = sim("up", "--nodes", "2", "--dir", str(tmp_path / "x"), "--loss", "3")
+    assert result.returncode == 1 and "probability" in result.stderr
+    result = sim("status", "--dir", str(tmp_path / "nothing"))
+    assert result.returncode == 1 and "no simulated cluster" in result.stderr
+    result = sim("fault", "--dir", str(tmp_path / "nothing"), "loss", "0.1")
+    assert result.returncode == 1 and "cannot reach the simulator hub" in result.stderr
+    deep = tmp_path / ("d" * 120)
+    result = sim("up", "--nodes", "1", "--dir", str(deep), "--daemon-cmd", daemon_cmd())
+    assert result.returncode == 1 and "longer than a unix socket path" in result.stderr

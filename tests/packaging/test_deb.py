@@ -1,0 +1,186 @@
+"""The Debian package: built offline by packaging/build-deb.sh, inspected, unpacked and run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ibacm.config.opts_template import render_opts_file
+from tests.conftest import REPO, require_peer
+
+pytestmark = pytest.mark.slow
+
+BUILD = REPO / "packaging" / "build-deb.sh"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+VERSION = PYPROJECT["project"]["version"]
+
+
+def run(*command: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    for tool in ("dpkg-buildpackage", "dh", "dpkg-deb"):
+        require_peer(tool)
+    out = tmp_path_factory.mktemp("dist")
+    done = run("bash", BUILD, "-f", "-o", out)
+    assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
+    debs = sorted(out.glob("ibacm-trio_*_all.deb"))
+    assert [d.name for d in debs] == [f"ibacm-trio_{VERSION}_all.deb"]
+    return debs[0]
+
+
+@pytest.fixture(scope="module")
+def files(deb: Path) -> dict[str, str]:
+    """Path in the package -> ls-style mode string, from ``dpkg -c``."""
+    listing = run("dpkg", "-c", deb)
+    assert listing.returncode == 0, listing.stderr
+    found = {}
+    for line in listing.stdout.splitlines():
+        mode, *_, name = line.split(None, 5)
+        found[name.split(" -> ")[0].lstrip(".").rstrip("/") or "/"] = mode
+    return found
+
+
+@pytest.fixture(scope="module")
+def unpacked(deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("root")
+    done = run("dpkg", "-x", deb, root)
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def control(deb: Path, name: str) -> str:
+    done = run("dpkg-deb", "-I", deb, name)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_package_lists_console_scripts_units_man_pages_and_config(files: dict[str, str]) -> None:
+    expected_executables = [
+        "/usr/sbin/ibacm",
+        "/usr/bin/ib_acme",
+        "/usr/bin/ibacm-sim",
+        "/usr/bin/ibacm-tui",
+        "/etc/init.d/ibacm",
+    ]
+    for path in expected_executables:
+        assert path in files, path
+        assert files[path].startswith("-rwxr-xr-x"), path
+    for path in (
+        "/lib/systemd/system/ibacm.service",
+        "/lib/systemd/system/ibacm.socket",
+        "/etc/logrotate.d/ibacm",
+        "/etc/rdma/ibacm_opts.cfg",
+        "/usr/share/man/man8/ibacm.8.gz",
+        "/usr/share/man/man1/ib_acme.1.gz",
+        "/usr/share/man/man1/ibacm-sim.1.gz",
+        "/usr/share/man/man1/ibacm-tui.1.gz",
+        "/usr/share/man/man7/ibacm.7.gz",
+        "/usr/share/man/man7/ibacm_prov.7.gz",
+        "/usr/share/doc/ibacm-trio/BUNDLED",
+        "/usr/share/doc/ibacm-trio/examples/ibacm_route.data",
+        "/usr/lib/ibacm/ibacm/core/cli.py",
+        "/usr/lib/ibacm/trio/__init__.py",
+        "/var/lib/ibacm",
+    ):
+        assert path in files, path
+    # Debian policy: no byte code in packages (postinst compiles it).
+    assert not [p for p in files if p.endswith(".pyc") or "__pycache__" in p]
+
+
+def test_control_fields(deb: Path) -> None:
+    fields = control(deb, "control")
+    assert re.search(r"^Package: ibacm-trio$", fields, re.MULTILINE)
+    assert re.search(rf"^Version: {re.escape(VERSION)}$", fields, re.MULTILINE)
+    assert re.search(r"^Architecture: all$", fields, re.MULTILINE)
+    depends = re.search(r"^Depends: (.*)$", fields, re.MULTILINE)
+    assert depends is not None and "python3 (>= 3.11)" in depends.group(1)
+    # It replaces Debian's C ibacm, which installs the same paths.
+    for relation in ("Conflicts", "Replaces", "Provides"):
+        assert re.search(rf"^{relation}: ibacm$", fields, re.MULTILINE), relation
+
+
+def test_configuration_files_are_conffiles(deb: Path) -> None:
+    conffiles = control(deb, "conffiles").split()
+    assert "/etc/rdma/ibacm_opts.cfg" in conffiles
+    assert "/etc/logrotate.d/ibacm" in conffiles
+    assert "/etc/init.d/ibacm" in conffiles
+
+
+def test_maintainer_scripts_start_the_socket_not_the_sysv_script(deb: Path) -> None:
+    postinst = control(deb, "postinst")
+    assert "deb-systemd-helper enable 'ibacm.socket'" in postinst
+    assert "deb-systemd-helper enable 'ibacm.service'" in postinst
+    starts = re.findall(r"deb-systemd-invoke \$_dh_action (.*) >", postinst)
+    assert starts == ["'ibacm.socket'"]  # the service starts on demand or with hardware
+    assert "update-rc.d ibacm defaults" in postinst
+    assert "invoke-rc.d" not in postinst  # no SysV start: fails without hardware
+    assert "compileall" in postinst
+    prerm = control(deb, "prerm")
+    assert "__pycache__" in prerm
+    for script in ("postinst", "prerm", "postrm"):
+        text = control(deb, script)
+        check = run("sh", "-n", "-c", text)
+        assert check.returncode == 0, f"{script}: {check.stderr}"
+
+
+def test_unpacked_ibacm_reports_its_version(unpacked: Path) -> None:
+    require_peer("/usr/bin/python3")
+    done = run(unpacked / "usr" / "sbin" / "ibacm", "--version", cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ibacm {VERSION}"
+
+
+def test_unpacked_ib_acme_writes_the_option_file(unpacked: Path, tmp_path: Path) -> None:
+    require_peer("/usr/bin/python3")
+    done = run(unpacked / "usr" / "bin" / "ib_acme", "-O", "-D", tmp_path, cwd="/")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "ibacm_opts.cfg").read_text() == render_opts_file()
+    # The installed default configuration is the same file.
+    installed = unpacked / "etc" / "rdma" / "ibacm_opts.cfg"
+    assert installed.read_text() == render_opts_file()
+
+
+def test_unpacked_launchers_ignore_pythonpath(unpacked: Path, tmp_path: Path) -> None:
+    # A root daemon must not import from wherever the environment points.
+    poison = tmp_path / "ibacm"
+    poison.mkdir()
+    (poison / "__init__.py").write_text("raise SystemExit('imported from PYTHONPATH')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = run(unpacked / "usr" / "sbin" / "ibacm", "--version", env=env, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ibacm {VERSION}"
+
+
+def test_installed_man_pages_render(unpacked: Path) -> None:
+    man = require_peer("man")
+    pages = sorted((unpacked / "usr" / "share" / "man").rglob("*.gz"))
+    assert len(pages) == 6
+    env = {**os.environ, "MANWIDTH": "80", "LC_ALL": "C.UTF-8"}
+    for page in pages:
+        done = run(man, "--warnings=all", "-l", page, env=env)
+        assert done.returncode == 0 and done.stderr == "", f"{page.name}: {done.stderr}"
+        assert "NAME" in done.stdout
+
+
+def test_every_bundled_library_is_in_debian_copyright(unpacked: Path) -> None:
+    manifest = (unpacked / "usr" / "share" / "doc" / "ibacm-trio" / "BUNDLED").read_text()
+    copyright_text = (REPO / "packaging" / "debian" / "copyright").read_text()
+    names = [line.split()[0] for line in manifest.splitlines()]
+    assert names[0] == "ibacm"
+    for name in names[1:]:
+        assert f" {name} (" in copyright_text, f"debian/copyright does not mention {name}"

@@ -1,0 +1,83 @@
+"""Release metadata of the Debian and RPM packaging agrees with the project."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+from tests.conftest import REPO, require_peer
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+VERSION = PYPROJECT["project"]["version"]
+SCRIPTS = PYPROJECT["project"]["scripts"]
+SPEC = REPO / "packaging" / "rpm" / "ibacm.spec"
+DEBIAN = REPO / "packaging" / "debian"
+MAN_PAGES = sorted(p.name for p in (REPO / "packaging" / "man").iterdir())
+
+# What Fedora defines and Debian's rpm does not, so the spec can be expanded here.
+FEDORA_MACROS = {
+    "_unitdir": "/usr/lib/systemd/system",
+    "_sharedstatedir": "/var/lib",
+    "python3_sitelib": "/usr/lib/python3.13/site-packages",
+    "pyproject_files": "/tmp/pyproject-files",
+}
+
+
+def expanded_spec() -> str:
+    rpmspec = require_peer("rpmspec")
+    defines = [
+        arg for key, value in FEDORA_MACROS.items() for arg in ("--define", f"{key} {value}")
+    ]
+    done = subprocess.run(
+        [rpmspec, *defines, "-P", str(SPEC)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_debian_changelog_is_at_the_project_version() -> None:
+    first = (DEBIAN / "changelog").read_text().splitlines()[0]
+    match = re.match(r"^ibacm-trio \((.+)\) \w+; urgency=\w+$", first)
+    assert match is not None, first
+    assert match.group(1) == VERSION  # native package: no Debian revision
+
+
+def test_debian_packaging_names_every_man_page() -> None:
+    listed = (DEBIAN / "ibacm-trio.manpages").read_text().split()
+    assert sorted(p.rsplit("/", 1)[1] for p in listed) == MAN_PAGES
+
+
+def test_rpm_spec_parses_at_the_project_version() -> None:
+    rpmspec = require_peer("rpmspec")
+    done = subprocess.run(
+        [rpmspec, "-q", "--qf", "%{name} %{version} %{arch}\n", str(SPEC)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ibacm-trio", VERSION, "noarch"]
+
+
+def test_rpm_files_section_covers_scripts_units_and_man_pages() -> None:
+    files = expanded_spec().split("\n%files", 1)[1].split("\n%changelog", 1)[0]
+    for name in SCRIPTS:
+        directory = "/usr/sbin" if name == "ibacm" else "/usr/bin"
+        assert f"\n{directory}/{name}\n" in files, name
+    for page in MAN_PAGES:
+        section = page.rsplit(".", 1)[1]
+        assert f"/usr/share/man/man{section}/{page}*" in files, page
+    for unit in ("ibacm.service", "ibacm.socket"):
+        assert f"/usr/lib/systemd/system/{unit}" in files
+    assert "%config(noreplace) /etc/rdma/ibacm_opts.cfg" in files
+
+
+def test_rpm_changelog_is_at_the_project_version() -> None:
+    changelog = SPEC.read_text().split("%changelog\n", 1)[1]
+    assert changelog.splitlines()[0].endswith(f" - {VERSION}-1")

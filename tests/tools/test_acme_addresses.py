@@ -1,0 +1,55 @@
+"""Address classification of -d in the unspecified format (ib_acme.md §3.1, defect 54)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ibacm.tools.ib_acme import LidError, classify, inet_any_pton, parse_lid
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10.0.0.2", ("10.0.0.2", "i")),
+        ("fe80::2:c903:a:2b3d", ("fe80::2:c903:a:2b3d", "i")),
+        ("::ffff:10.0.0.1", ("::ffff:10.0.0.1", "i")),
+    ],
+)
+def test_ip_literals_are_ip_and_unchanged(text: str, expected: tuple[str, str]) -> None:
+    assert classify(text, "u") == expected
+
+
+def test_a_resolvable_name_becomes_its_first_address() -> None:
+    first = socket.getaddrinfo("localhost", None, 0, 0, socket.IPPROTO_TCP)[0]
+    assert classify("localhost", "u") == (first[4][0], "i")
+
+
+def test_plain_numbers_are_lids_not_ipv4_shorthand() -> None:
+    # C asked getaddrinfo, which reads "5" as 0.0.0.5 (defect 54).
+    assert classify("5", "u") == ("5", "l")
+
+
+def test_unknown_names_are_sent_as_names_not_as_lid_zero() -> None:
+    assert classify("nosuchnode.invalid", "u") == ("nosuchnode.invalid", "n")
+
+
+@pytest.mark.parametrize("fmt", ["i", "n", "l", "g"])
+def test_an_explicit_format_is_never_second_guessed(fmt: str) -> None:
+    assert classify("localhost", fmt) == ("localhost", fmt)
+
+
+def test_inet_any_pton_is_the_c_library_parser() -> None:
+    assert inet_any_pton("10.0.0.1") == bytes([10, 0, 0, 1])
+    assert inet_any_pton("::1") == bytes(15) + b"\x01"
+    assert inet_any_pton("10.0.0") is None  # inet_pton wants all four parts
+    assert inet_any_pton("fe80::1%lo") is None
+
+
+def test_lids_are_decimal_and_16_bit() -> None:
+    assert parse_lid(" 42 ", "destination") == 42
+    assert parse_lid("65535", "source") == 65535
+    for bad in ("0x5", "node3", "65536", "-1", ""):
+        with pytest.raises(LidError, match="not a decimal number"):
+            parse_lid(bad, "destination")

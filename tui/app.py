@@ -1,0 +1,573 @@
+"""``ibacm-tui``: a Textual dashboard attached to one daemon's admin socket.
+
+    ibacm-tui [--admin PATH | --dir SIMDIR --node NAME]
+
+The connection runs in a worker: connect, hello, subscribe, snapshot, then events until the
+daemon goes away; then "disconnected" and reconnection with exponential backoff. Events only
+update the model; a timer applies the model to the widgets every ``refresh_interval``
+seconds (coalescing), changing table cells in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import (
+    Footer,
+    Input,
+    Label,
+    RichLog,
+    Sparkline,
+    Static,
+    TabbedContent,
+    TabPane,
+)
+
+from ibacm import __version__
+from ibacm.wire.admin import EventMessage
+from tui.client import AdminClient, AdminCommandError, AdminConnectionError
+from tui.model import LEVELS, DashboardModel, LogRecord
+from tui.screens import ConfirmScreen, FlushScreen, FlushTarget, HelpScreen
+from tui.tables import KeyedTable
+
+REFRESH_INTERVAL = 0.25
+BACKOFF_MIN = 0.5
+BACKOFF_MAX = 5.0
+SUBSCRIBE_QUEUE = 5000
+LOG_REPLAY = 200
+"""Recent daemon log records to show right after connecting."""
+
+ENDPOINT_COLUMNS = [
+    ("id", "Endpoint"),
+    ("pkey", "P_Key"),
+    ("state", "State"),
+    ("addresses", "Addresses"),
+    ("groups", "Groups"),
+    ("cache", "Cache"),
+    ("resolves", "Resolves"),
+    ("hit_rate", "Hit rate"),
+]
+PORT_COLUMNS = [
+    ("id", "Port"),
+    ("state", "State"),
+    ("lid", "LID"),
+    ("sm_lid", "SM LID"),
+    ("gid", "GID"),
+    ("mtu", "MTU"),
+]
+GROUP_COLUMNS = [
+    ("endpoint", "Endpoint"),
+    ("mgid", "MGID"),
+    ("mlid", "MLID"),
+    ("rate", "Rate"),
+    ("mtu", "MTU"),
+    ("state", "Join state"),
+]
+CACHE_COLUMNS = [
+    ("endpoint", "Endpoint"),
+    ("dest", "Destination"),
+    ("type", "Type"),
+    ("state", "State"),
+    ("age", "Age"),
+    ("hits", "Hits"),
+    ("dlid", "DLID"),
+]
+COUNTER_COLUMNS = [
+    ("scope", "Scope"),
+    ("error", "Errors"),
+    ("resolve", "Resolves"),
+    ("nodata", "No data"),
+    ("addr_query", "Addr queries"),
+    ("addr_cache", "Addr hits"),
+    ("route_query", "Route queries"),
+    ("route_cache", "Route hits"),
+    ("hit_rate", "Hit rate"),
+]
+TAB_IDS = ("endpoints", "groups", "cache", "counters", "log")
+DAEMON_LEVELS = (0, 1, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Which daemon to watch: its admin socket and a name for the title."""
+
+    admin_socket: str
+    label: str
+
+
+class Dashboard(App[None]):
+    TITLE = "ibacm-tui"
+    CSS = """
+    #status { height: 1; padding: 0 1; background: $boost; }
+    #status.connected { color: $success; }
+    #status.disconnected { color: $error; text-style: bold; }
+    #ports { height: auto; max-height: 8; }
+    #ports-title, #plots-title { padding: 1 1 0 1; color: $text-muted; }
+    #cache-filter { height: 3; }
+    #summary { height: auto; padding: 0 1; }
+    .plot-label { padding: 0 1; width: 26; }
+    .plot-row { height: 3; }
+    Sparkline { height: 3; width: 1fr; }
+    #counter-table { height: auto; }
+    #log-bar { height: 1; padding: 0 1; color: $text-muted; }
+    ModalScreen { align: center middle; }
+    #dialog { width: 72; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
+    #dialog.help { width: 84; border: thick $primary; }
+    #dialog Button.wide { width: 100%; margin-top: 1; }
+    #dialog .buttons { height: auto; margin-top: 1; align-horizontal: right; }
+    #dialog .buttons Button { margin-left: 2; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("1", "show_tab('endpoints')", "Endpoints", show=False),
+        Binding("2", "show_tab('groups')", "Groups", show=False),
+        Binding("3", "show_tab('cache')", "Cache", show=False),
+        Binding("4", "show_tab('counters')", "Counters", show=False),
+        Binding("5", "show_tab('log')", "Log", show=False),
+        Binding("f", "flush", "Flush"),
+        Binding("r", "reload", "Reload"),
+        Binding("s", "sort", "Sort"),
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("l", "cycle_log_filter", "Log filter"),
+        Binding("L", "cycle_daemon_level", "Daemon level"),
+    ]
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        refresh_interval: float = REFRESH_INTERVAL,
+        backoff: tuple[float, float] = (BACKOFF_MIN, BACKOFF_MAX),
+    ) -> None:
+        super().__init__()
+        self.target = target
+        self.model = DashboardModel(clock=clock)
+        self.refresh_interval = refresh_interval
+        self.backoff = backoff
+        self.client: AdminClient | None = None
+        self.connected = False
+        self.status_text = ""
+        self.log_level_filter = "info"
+        self.connections = 0
+        """Successful connections so far (the first is not a reconnection)."""
+        self._last_cache_sync = -1.0
+        self._resyncing = False
+        self.sub_title = target.label
+
+    # -- layout ------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static("", id="status")
+        with TabbedContent(initial="endpoints", id="tabs"):
+            with TabPane("1 Endpoints", id="endpoints"):
+                yield KeyedTable(ENDPOINT_COLUMNS, id="endpoint-table")
+                yield Label("Ports", id="ports-title")
+                yield KeyedTable(PORT_COLUMNS, id="ports")
+            with TabPane("2 Groups", id="groups"):
+                yield KeyedTable(GROUP_COLUMNS, id="group-table")
+            with TabPane("3 Cache", id="cache"):
+                yield Input(
+                    placeholder="filter (/): endpoint, address, state...", id="cache-filter"
+                )
+                yield KeyedTable(CACHE_COLUMNS, id="cache-table")
+            with TabPane("4 Counters", id="counters"):
+                yield Static("", id="summary")
+                yield Label("Over time (one sample per second)", id="plots-title")
+                with Horizontal(classes="plot-row"):
+                    yield Static("Resolves/s", id="rps-label", classes="plot-label")
+                    yield Sparkline([], id="rps", summary_function=max)
+                with Horizontal(classes="plot-row"):
+                    yield Static("Cache hit rate", id="hit-label", classes="plot-label")
+                    yield Sparkline([], id="hits", summary_function=max)
+                yield KeyedTable(COUNTER_COLUMNS, id="counter-table")
+            with TabPane("5 Log", id="log"), Vertical():
+                yield Static("", id="log-bar")
+                yield RichLog(id="log-pane", max_lines=2000, wrap=False, markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"ibacm-tui — {self.target.label}"
+        self._set_status(False, f"connecting to {self.target.admin_socket}")
+        self._update_log_bar()
+        self.set_interval(self.refresh_interval, self.refresh_views)
+        self.maintain_connection()
+
+    # -- connection --------------------------------------------------------------------------
+    @work(exclusive=True, group="connection")
+    async def maintain_connection(self) -> None:
+        """Stay connected: on any loss, say so and retry with exponential backoff."""
+        delay = self.backoff[0]
+        while True:
+            reason, was_connected = await self._one_connection()
+            self.client = None
+            self.connected = False
+            if was_connected:
+                delay = self.backoff[0]  # it worked a moment ago: try again soon
+                self._log_local("warning", f"disconnected from {self.target.label}: {reason}")
+            self._set_status(False, f"disconnected: {reason}; reconnecting in {delay:g} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff[1])
+
+    async def _one_connection(self) -> tuple[str, bool]:
+        """Connect, load and follow until the connection ends: (why it ended, had it worked)."""
+        try:
+            client = await AdminClient.connect(self.target.admin_socket, self._on_event)
+        except AdminConnectionError as exc:
+            return str(exc), False
+        connected = False
+        try:
+            await client.call("subscribe", max_queue=SUBSCRIBE_QUEUE, replay=LOG_REPLAY)
+            snapshot = await client.call("snapshot")
+            if not isinstance(snapshot, dict):
+                return "the daemon sent a snapshot that is not an object", False
+            self.model.apply_snapshot(snapshot)
+            self.client, self.connected, connected = client, True, True
+            self.connections += 1
+            self._set_connected_status()
+            if self.connections > 1:
+                self._log_local("info", f"reconnected to {self.target.label}")
+            self.refresh_views()
+            return await client.wait_closed(), True
+        except (AdminConnectionError, AdminCommandError) as exc:
+            return str(exc), connected
+        finally:
+            await client.aclose()
+
+    def _on_event(self, event: EventMessage) -> None:
+        self.model.apply_event(event)
+
+    def _set_connected_status(self) -> None:
+        daemon = self.model.daemon
+        server = self.client.server if self.client is not None else {}
+        version = daemon.get("version") or server.get("server_version") or "?"
+        node = daemon.get("node") or self.target.label
+        level = daemon.get("log_level", self.model.options.get("log_level", "?"))
+        self._set_status(True, f"connected to {node} (ibacm {version}, log_level {level})")
+
+    def _set_status(self, connected: bool, text: str) -> None:
+        self.status_text = text
+        status = self.query_one("#status", Static)
+        status.set_classes("connected" if connected else "disconnected")
+        status.update(Text(("● " if connected else "○ ") + text))
+
+    # -- periodic refresh --------------------------------------------------------------------
+    def refresh_views(self) -> None:
+        """Apply what changed in the model to the widgets (called every refresh_interval)."""
+        model, dirty = self.model, self.model.dirty
+        if dirty.endpoints:
+            self.query_one("#endpoint-table", KeyedTable).sync(model.endpoint_rows())
+            self.query_one("#ports", KeyedTable).sync(self._port_rows())
+            dirty.endpoints = False
+        if dirty.groups:
+            self.query_one("#group-table", KeyedTable).sync(model.group_rows())
+            dirty.groups = False
+        now = model.clock()
+        # Ages move every second even without events.
+        if dirty.cache or now - self._last_cache_sync >= 1.0:
+            self._sync_cache()
+            self._last_cache_sync = now
+            dirty.cache = False
+        if dirty.counters:
+            self._refresh_counters()
+            dirty.counters = False
+        if dirty.logs:
+            self._append_logs(model.take_new_logs())
+            dirty.logs = False
+        if model.needs_snapshot and self.connected and not self._resyncing:
+            self.resync()
+
+    def _sync_cache(self) -> None:
+        text = self.query_one("#cache-filter", Input).value
+        self.query_one("#cache-table", KeyedTable).sync(self.model.cache_rows(text))
+
+    def _port_rows(self) -> dict[str, tuple[str, ...]]:
+        rows = {}
+        for key, port in self.model.ports.items():
+            rows[key] = tuple(
+                "-" if port.get(column) is None else str(port.get(column))
+                for column, _ in PORT_COLUMNS
+            )
+        return rows
+
+    def _refresh_counters(self) -> None:
+        summary = self.model.summary()
+        self.query_one("#summary", Static).update(
+            Text.assemble(
+                ("Resolves ", "bold"),
+                f"{summary['resolves']}  ({summary['resolves_per_second']})   ",
+                ("Route cache hit rate ", "bold"),
+                f"{summary['route_hit_rate']}  (last second {summary['recent_hit_rate']})   ",
+                ("Addr cache hit rate ", "bold"),
+                f"{summary['addr_hit_rate']}\n",
+                ("Cache entries ", "bold"),
+                f"{summary['cache_entries']}   ",
+                ("Groups ", "bold"),
+                f"{summary['groups']}   ",
+                ("Events dropped ", "bold"),
+                summary["dropped"],
+            )
+        )
+        rps = list(self.model.resolves_per_second)
+        hits = [rate * 100 for rate in self.model.hit_rates]
+        # A leading zero anchors the scale at 0 (Sparkline scales from the data's minimum).
+        self.query_one("#rps", Sparkline).data = [0.0, *rps] if rps else []
+        self.query_one("#hits", Sparkline).data = [0.0, *hits] if hits else []
+        self.query_one("#rps-label", Static).update(
+            f"Resolves/s  {rps[-1]:.1f}" if rps else "Resolves/s  -"
+        )
+        self.query_one("#hit-label", Static).update(
+            f"Cache hit rate  {hits[-1]:.0f}%" if hits else "Cache hit rate  -"
+        )
+        self.query_one("#counter-table", KeyedTable).sync(self.model.counter_rows())
+
+    def _append_logs(self, records: Sequence[LogRecord]) -> None:
+        pane = self.query_one("#log-pane", RichLog)
+        for record in self.model.filtered_logs(self.log_level_filter, records):
+            pane.write(_styled(record))
+
+    def _rewrite_logs(self) -> None:
+        pane = self.query_one("#log-pane", RichLog)
+        pane.clear()
+        self.model.take_new_logs()
+        for record in self.model.filtered_logs(self.log_level_filter):
+            pane.write(_styled(record))
+
+    def _log_local(self, level: str, text: str) -> None:
+        self.model.apply_event(
+            EventMessage("log", {"event": text, "level": level, "logger": "ibacm-tui"}, 0.0)
+        )
+
+    def _update_log_bar(self) -> None:
+        self.query_one("#log-bar", Static).update(
+            f"showing {self.log_level_filter} and above (l: change)"
+        )
+
+    @work(exclusive=True, group="resync")
+    async def resync(self) -> None:
+        """Events were dropped: take a fresh snapshot."""
+        client = self.client
+        if client is None:
+            return
+        self._resyncing = True
+        try:
+            snapshot = await client.call("snapshot")
+            if isinstance(snapshot, dict):
+                self.model.apply_snapshot(snapshot)
+        except (AdminConnectionError, AdminCommandError) as exc:
+            self._log_local("warning", f"resync failed: {exc}")
+        finally:
+            self._resyncing = False
+
+    # -- actions -----------------------------------------------------------------------------
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one("#tabs", TabbedContent).active = tab
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def _active_tab(self) -> str:
+        return self.query_one("#tabs", TabbedContent).active
+
+    def _active_table(self) -> KeyedTable | None:
+        table_ids = {
+            "endpoints": "#endpoint-table",
+            "groups": "#group-table",
+            "cache": "#cache-table",
+            "counters": "#counter-table",
+        }
+        table_id = table_ids.get(self._active_tab())
+        return self.query_one(table_id, KeyedTable) if table_id else None
+
+    def action_sort(self) -> None:
+        table = self._active_table()
+        if table is None:
+            return
+        if table.sort_column is not None and not table.sort_reverse:
+            table.sort_by(table.sort_column, reverse=True)
+            column = table.sort_column
+            order = "descending"
+        else:
+            column = table.sort_next()
+            order = "ascending"
+        label = table.label_of(column)
+        self.notify(f"sorted by {label}, {order}", timeout=2)
+
+    def action_filter(self) -> None:
+        self.action_show_tab("cache")
+        self.query_one("#cache-filter", Input).focus()
+
+    def action_clear_filter(self) -> None:
+        field = self.query_one("#cache-filter", Input)
+        if field.value:
+            field.value = ""
+        self.query_one("#cache-table", KeyedTable).focus()
+
+    @on(Input.Changed, "#cache-filter")
+    def _filter_changed(self) -> None:
+        self._sync_cache()
+
+    @on(Input.Submitted, "#cache-filter")
+    def _filter_submitted(self) -> None:
+        self.query_one("#cache-table", KeyedTable).focus()
+
+    def action_cycle_log_filter(self) -> None:
+        index = LEVELS.index(self.log_level_filter)
+        self.log_level_filter = LEVELS[(index + 1) % len(LEVELS)]
+        self._update_log_bar()
+        self._rewrite_logs()
+
+    def _flush_targets(self) -> list[FlushTarget]:
+        targets: list[FlushTarget] = []
+        tab = self._active_tab()
+        if tab == "cache":
+            key = self.query_one("#cache-table", KeyedTable).selected_key()
+            if key is not None and "|" in key:
+                endpoint, dest = key.split("|", 1)
+                targets += [FlushTarget(endpoint, dest), FlushTarget(endpoint, None)]
+        elif tab == "endpoints":
+            key = self.query_one("#endpoint-table", KeyedTable).selected_key()
+            if key is not None:
+                targets.append(FlushTarget(key, None))
+        targets.append(FlushTarget(None, None))
+        return targets
+
+    def _require_connection(self) -> AdminClient | None:
+        if self.client is None:
+            self.notify("not connected to the daemon", severity="error")
+        return self.client
+
+    def action_flush(self) -> None:
+        if self._require_connection() is None:
+            return
+
+        def chosen(target: FlushTarget | None) -> None:
+            if target is not None:
+                self.run_command("flush", f"flush {target.describe()}", **_flush_args(target))
+
+        self.push_screen(FlushScreen(self.target.label, self._flush_targets()), chosen)
+
+    def action_reload(self) -> None:
+        if self._require_connection() is None:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_command("reload", "reload")
+
+        question = f"Reload the configuration files of [b]{self.target.label}[/b]?"
+        self.push_screen(ConfirmScreen(question, yes="Reload"), answered)
+
+    def action_cycle_daemon_level(self) -> None:
+        if self._require_connection() is None:
+            return
+        current = self.model.daemon.get("log_level", 0)
+        level = DAEMON_LEVELS[(DAEMON_LEVELS.index(current) + 1) % 3] if current in (0, 1, 2) else 0
+        self.run_command("set_log_level", f"daemon log_level {level}", level=level)
+
+    @work(group="commands")
+    async def run_command(self, cmd: str, what: str, **args: Any) -> None:
+        client = self.client
+        if client is None:
+            self.notify("not connected to the daemon", severity="error")
+            return
+        try:
+            result = await client.call(cmd, **args)
+        except (AdminConnectionError, AdminCommandError) as exc:
+            self.notify(f"{what} failed: {exc}", severity="error", timeout=6)
+            self._log_local("error", f"{what} failed: {exc}")
+            return
+        if cmd == "flush" and isinstance(result, dict):
+            self.notify(f"{what}: {result.get('flushed', 0)} entries dropped")
+        elif cmd == "set_log_level":
+            self.model.daemon["log_level"] = args["level"]
+            self._set_connected_status()
+            self.notify(what)
+        else:
+            self.notify(f"{what}: done")
+        with contextlib.suppress(AdminConnectionError, AdminCommandError):
+            snapshot = await client.call("snapshot")
+            if isinstance(snapshot, dict):
+                self.model.apply_snapshot(snapshot)
+                self._set_connected_status()
+
+
+def _flush_args(target: FlushTarget) -> dict[str, Any]:
+    return {"endpoint": target.endpoint, "dest": target.dest}
+
+
+_LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
+
+
+def _styled(record: LogRecord) -> Text:
+    return Text(record.text, style=_LEVEL_STYLES.get(record.level, ""))
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def default_admin_socket() -> str:
+    from ibacm.config.options import Options
+
+    return str(Options().admin_socket_path)
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    """The admin socket to watch; raises ValueError with a message for the user."""
+    if args.dir is not None or args.node is not None:
+        if args.admin is not None:
+            raise ValueError("use either --admin PATH or --dir SIMDIR --node NAME, not both")
+        if args.dir is None or args.node is None:
+            raise ValueError("--dir and --node go together (a node of an ibacm-sim cluster)")
+        sim_dir = Path(args.dir)
+        if not sim_dir.is_dir():
+            raise ValueError(f"--dir {sim_dir}: no such directory")
+        node_dir = sim_dir / args.node
+        if not node_dir.is_dir():
+            nodes = sorted(p.name for p in sim_dir.iterdir() if p.is_dir())
+            known = ", ".join(nodes) if nodes else "none"
+            raise ValueError(f"no node {args.node!r} in {sim_dir} (nodes: {known})")
+        return Target(str(node_dir / "ibacm-admin.sock"), args.node)
+    path = args.admin or default_admin_socket()
+    return Target(path, path)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="ibacm-tui",
+        description="Live dashboard of an ibacm daemon, attached to its admin socket.",
+    )
+    parser.add_argument("--admin", metavar="PATH", help="admin socket of the daemon")
+    parser.add_argument("--dir", metavar="SIMDIR", help="directory of an ibacm-sim cluster")
+    parser.add_argument("--node", metavar="NAME", help="node of the cluster to watch")
+    parser.add_argument("--version", action="version", version=f"ibacm-tui {__version__}")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        target = target_from_args(args)
+    except ValueError as exc:
+        print(f"ibacm-tui: {exc}", file=sys.stderr)
+        return 2
+    Dashboard(target).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
