@@ -151,11 +151,13 @@ def resolve(requirements: Iterable[Requirement], project: str) -> dict[str, meta
     """
     resolved: dict[str, metadata.Distribution] = {}
     extras_of: dict[str, set[str]] = {}
-    pending: list[tuple[Requirement, str]] = [(req, project) for req in requirements]
+    # Markers are evaluated when a requirement is queued: "extra == ..." is only true in the
+    # context of the distribution whose extra was asked for.
+    pending = [(req, project) for req in requirements if _applies(req, ())]
     while pending:
         req, wanted_by = pending.pop()
         key = normalize(req.name)
-        if key == normalize(project) or not _applies(req, ()):
+        if key == normalize(project):
             continue
         dist = _installed(req, wanted_by)
         extras = extras_of.setdefault(key, set())

@@ -4,6 +4,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
-.venv/bin/ruff check ibacm tui tests
+.venv/bin/ruff check ibacm tui tests packaging/bundle.py
 .venv/bin/mypy
+.venv/bin/mypy packaging/bundle.py
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import (
     Footer,
     Input,
@@ -42,6 +44,8 @@ from tui.client import AdminClient, AdminCommandError, AdminConnectionError
 from tui.model import LEVELS, DashboardModel, LogRecord
 from tui.screens import ConfirmScreen, FlushScreen, FlushTarget, HelpScreen
 from tui.tables import KeyedTable
+
+WidgetType = TypeVar("WidgetType", bound=Widget)
 
 REFRESH_INTERVAL = 0.25
 BACKOFF_MIN = 0.5
@@ -147,6 +151,9 @@ class Dashboard(App[None]):
         Binding("L", "cycle_daemon_level", "Daemon level"),
     ]
 
+    _main_screen: Screen[Any]
+    """The dashboard's own screen (set at mount)."""
+
     def __init__(
         self,
         target: Target,
@@ -200,7 +207,16 @@ class Dashboard(App[None]):
                 yield RichLog(id="log-pane", max_lines=2000, wrap=False, markup=False)
         yield Footer()
 
+    def _find(self, selector: str, expect_type: type[WidgetType]) -> WidgetType:
+        """A widget of the dashboard itself, also while a modal screen is on top
+        (``App.query_one`` would search the modal)."""
+        return self._main_screen.query_one(selector, expect_type)
+
+    def _modal_open(self) -> bool:
+        return self.screen is not self._main_screen
+
     def on_mount(self) -> None:
+        self._main_screen = self.screen
         self.title = f"ibacm-tui — {self.target.label}"
         self._set_status(False, f"connecting to {self.target.admin_socket}")
         self._update_log_bar()
@@ -261,7 +277,7 @@ class Dashboard(App[None]):
 
     def _set_status(self, connected: bool, text: str) -> None:
         self.status_text = text
-        status = self.query_one("#status", Static)
+        status = self._find("#status", Static)
         status.set_classes("connected" if connected else "disconnected")
         status.update(Text(("● " if connected else "○ ") + text))
 
@@ -270,11 +286,11 @@ class Dashboard(App[None]):
         """Apply what changed in the model to the widgets (called every refresh_interval)."""
         model, dirty = self.model, self.model.dirty
         if dirty.endpoints:
-            self.query_one("#endpoint-table", KeyedTable).sync(model.endpoint_rows())
-            self.query_one("#ports", KeyedTable).sync(self._port_rows())
+            self._find("#endpoint-table", KeyedTable).sync(model.endpoint_rows())
+            self._find("#ports", KeyedTable).sync(self._port_rows())
             dirty.endpoints = False
         if dirty.groups:
-            self.query_one("#group-table", KeyedTable).sync(model.group_rows())
+            self._find("#group-table", KeyedTable).sync(model.group_rows())
             dirty.groups = False
         now = model.clock()
         # Ages move every second even without events.
@@ -292,8 +308,8 @@ class Dashboard(App[None]):
             self.resync()
 
     def _sync_cache(self) -> None:
-        text = self.query_one("#cache-filter", Input).value
-        self.query_one("#cache-table", KeyedTable).sync(self.model.cache_rows(text))
+        text = self._find("#cache-filter", Input).value
+        self._find("#cache-table", KeyedTable).sync(self.model.cache_rows(text))
 
     def _port_rows(self) -> dict[str, tuple[str, ...]]:
         rows = {}
@@ -306,7 +322,7 @@ class Dashboard(App[None]):
 
     def _refresh_counters(self) -> None:
         summary = self.model.summary()
-        self.query_one("#summary", Static).update(
+        self._find("#summary", Static).update(
             Text.assemble(
                 ("Resolves ", "bold"),
                 f"{summary['resolves']}  ({summary['resolves_per_second']})   ",
@@ -325,23 +341,23 @@ class Dashboard(App[None]):
         rps = list(self.model.resolves_per_second)
         hits = [rate * 100 for rate in self.model.hit_rates]
         # A leading zero anchors the scale at 0 (Sparkline scales from the data's minimum).
-        self.query_one("#rps", Sparkline).data = [0.0, *rps] if rps else []
-        self.query_one("#hits", Sparkline).data = [0.0, *hits] if hits else []
-        self.query_one("#rps-label", Static).update(
+        self._find("#rps", Sparkline).data = [0.0, *rps] if rps else []
+        self._find("#hits", Sparkline).data = [0.0, *hits] if hits else []
+        self._find("#rps-label", Static).update(
             f"Resolves/s  {rps[-1]:.1f}" if rps else "Resolves/s  -"
         )
-        self.query_one("#hit-label", Static).update(
+        self._find("#hit-label", Static).update(
             f"Cache hit rate  {hits[-1]:.0f}%" if hits else "Cache hit rate  -"
         )
-        self.query_one("#counter-table", KeyedTable).sync(self.model.counter_rows())
+        self._find("#counter-table", KeyedTable).sync(self.model.counter_rows())
 
     def _append_logs(self, records: Sequence[LogRecord]) -> None:
-        pane = self.query_one("#log-pane", RichLog)
+        pane = self._find("#log-pane", RichLog)
         for record in self.model.filtered_logs(self.log_level_filter, records):
             pane.write(_styled(record))
 
     def _rewrite_logs(self) -> None:
-        pane = self.query_one("#log-pane", RichLog)
+        pane = self._find("#log-pane", RichLog)
         pane.clear()
         self.model.take_new_logs()
         for record in self.model.filtered_logs(self.log_level_filter):
@@ -353,7 +369,7 @@ class Dashboard(App[None]):
         )
 
     def _update_log_bar(self) -> None:
-        self.query_one("#log-bar", Static).update(
+        self._find("#log-bar", Static).update(
             f"showing {self.log_level_filter} and above (l: change)"
         )
 
@@ -375,13 +391,15 @@ class Dashboard(App[None]):
 
     # -- actions -----------------------------------------------------------------------------
     def action_show_tab(self, tab: str) -> None:
-        self.query_one("#tabs", TabbedContent).active = tab
+        self._find("#tabs", TabbedContent).active = tab
 
     def action_help(self) -> None:
+        if self._modal_open():
+            return
         self.push_screen(HelpScreen())
 
     def _active_tab(self) -> str:
-        return self.query_one("#tabs", TabbedContent).active
+        return self._find("#tabs", TabbedContent).active
 
     def _active_table(self) -> KeyedTable | None:
         table_ids = {
@@ -391,7 +409,7 @@ class Dashboard(App[None]):
             "counters": "#counter-table",
         }
         table_id = table_ids.get(self._active_tab())
-        return self.query_one(table_id, KeyedTable) if table_id else None
+        return self._find(table_id, KeyedTable) if table_id else None
 
     def action_sort(self) -> None:
         table = self._active_table()
@@ -409,13 +427,13 @@ class Dashboard(App[None]):
 
     def action_filter(self) -> None:
         self.action_show_tab("cache")
-        self.query_one("#cache-filter", Input).focus()
+        self._find("#cache-filter", Input).focus()
 
     def action_clear_filter(self) -> None:
-        field = self.query_one("#cache-filter", Input)
+        field = self._find("#cache-filter", Input)
         if field.value:
             field.value = ""
-        self.query_one("#cache-table", KeyedTable).focus()
+        self._find("#cache-table", KeyedTable).focus()
 
     @on(Input.Changed, "#cache-filter")
     def _filter_changed(self) -> None:
@@ -423,7 +441,7 @@ class Dashboard(App[None]):
 
     @on(Input.Submitted, "#cache-filter")
     def _filter_submitted(self) -> None:
-        self.query_one("#cache-table", KeyedTable).focus()
+        self._find("#cache-table", KeyedTable).focus()
 
     def action_cycle_log_filter(self) -> None:
         index = LEVELS.index(self.log_level_filter)
@@ -435,12 +453,12 @@ class Dashboard(App[None]):
         targets: list[FlushTarget] = []
         tab = self._active_tab()
         if tab == "cache":
-            key = self.query_one("#cache-table", KeyedTable).selected_key()
+            key = self._find("#cache-table", KeyedTable).selected_key()
             if key is not None and "|" in key:
                 endpoint, dest = key.split("|", 1)
                 targets += [FlushTarget(endpoint, dest), FlushTarget(endpoint, None)]
         elif tab == "endpoints":
-            key = self.query_one("#endpoint-table", KeyedTable).selected_key()
+            key = self._find("#endpoint-table", KeyedTable).selected_key()
             if key is not None:
                 targets.append(FlushTarget(key, None))
         targets.append(FlushTarget(None, None))
@@ -452,6 +470,8 @@ class Dashboard(App[None]):
         return self.client
 
     def action_flush(self) -> None:
+        if self._modal_open():
+            return
         if self._require_connection() is None:
             return
 
@@ -462,6 +482,8 @@ class Dashboard(App[None]):
         self.push_screen(FlushScreen(self.target.label, self._flush_targets()), chosen)
 
     def action_reload(self) -> None:
+        if self._modal_open():
+            return
         if self._require_connection() is None:
             return
 

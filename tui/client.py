@@ -105,17 +105,24 @@ class AdminClient:
         future: asyncio.Future[wire.Reply] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            self._writer.write(line)
-            await self._writer.drain()
-            async with asyncio.timeout(timeout):
-                reply = await future
-        except (ConnectionError, OSError) as exc:
-            self._finish(f"connection lost: {exc}")
-            raise AdminConnectionError(f"connection lost: {exc}") from None
-        except TimeoutError:
-            raise AdminConnectionError(f"{cmd}: no reply within {timeout} s") from None
+            try:
+                self._writer.write(line)
+                await self._writer.drain()
+            except (ConnectionError, OSError) as exc:
+                # The server may have said why before hanging up (e.g. "busy"): let the
+                # reader take in what arrived, then report that.
+                await asyncio.wait({self._task}, timeout=1.0)
+                self._finish(f"connection lost: {exc}")
+                raise AdminConnectionError(self.close_reason) from None
+            try:
+                async with asyncio.timeout(timeout):
+                    reply = await future
+            except TimeoutError:
+                raise AdminConnectionError(f"{cmd}: no reply within {timeout} s") from None
         finally:
             self._waiting.pop(request_id, None)
+            if not future.done():
+                future.cancel()
         if not reply.ok:
             raise AdminCommandError(cmd, reply.error or "error", str(reply.code or ""))
         return reply.result
@@ -165,6 +172,8 @@ class AdminClient:
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(AdminConnectionError(reason))
+                # Mark it retrieved: a caller that already gave up must not cause a warning.
+                future.exception()
         self._writer.close()
 
     async def aclose(self) -> None:

@@ -86,6 +86,20 @@ def describe_key(key: CacheKey) -> str:
     return address.hex()
 
 
+class KeyText:
+    """A key formatted only if a log record is really written (debug logs per request)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: CacheKey) -> None:
+        self.key = key
+
+    def __str__(self) -> str:
+        return describe_key(self.key)
+
+    __repr__ = __str__
+
+
 class EntryState(enum.IntEnum):
     """behavior.md §9.3."""
 

@@ -202,6 +202,7 @@ class AcmpEndpoint:
         self.bulk_loaded_at = -math.inf
         self.scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery | None = None
+        self._join_scope: trio.CancelScope | None = None
         self.resolver = Resolver(self)
         self.protocol = PeerProtocol(self)
 
@@ -316,8 +317,17 @@ class AcmpEndpoint:
     # -- groups ---------------------------------------------------------------------------
 
     def start_joins(self) -> None:
-        for group in self.groups:
-            self.spawn(self._join, group)
+        """(Re)start one join task per group; joins still running from before are stopped."""
+        if self._join_scope is not None:
+            self._join_scope.cancel()
+        self._join_scope = trio.CancelScope()
+        self.spawn(self._joins, self._join_scope)
+
+    async def _joins(self, scope: trio.CancelScope) -> None:
+        with scope:
+            async with trio.open_nursery() as nursery:
+                for group in self.groups:
+                    nursery.start_soon(self._join, group)
 
     async def _join(self, group: McGroup) -> None:
         await join_forever(
@@ -353,7 +363,7 @@ class AcmpEndpoint:
             self.core.publish("acmp.endpoint", {"endpoint": self.name, "state": "ready"})
 
     async def rejoin(self) -> None:
-        """Client reregister / SM change: the SA forgot our groups; join them again.
+        """Client reregister: the SA forgot our groups; join them again.
 
         Resolutions answer ENODATA until group 0 is back (as C); the cache is kept.
         """
@@ -381,15 +391,24 @@ class AcmpEndpoint:
         key = cache_key(address.type, address.info)
         acmp_address = AcmpAddress(self, address, key)
         self.addresses[key] = acmp_address
-        if self.options.loopback_prot is LoopbackProt.LOCAL:
+        if self.loopback_local:
             self.cache.put_loopback(self._loopback_entry(key))
         return acmp_address
+
+    @property
+    def loopback_local(self) -> bool:
+        return self.options.loopback_prot is LoopbackProt.LOCAL
+
+    def loopback_route(self) -> PathRecord:
+        """The path to ourselves (behavior.md §9.4)."""
+        port = self.port
+        return loopback_path(port.gid, port.lid, self.pkey, port.mtu, port.rate)
 
     def _loopback_entry(self, key: CacheKey) -> DestEntry:
         port = self.port
         entry = DestEntry(key)
         entry.state = EntryState.READY
-        entry.path = loopback_path(port.gid, port.lid, self.pkey, port.mtu, port.rate)
+        entry.path = self.loopback_route()
         entry.av = av_from_path(entry.path, 0, port.lid_mask)
         entry.remote_qpn = self.qpn
         entry.peer_lid = port.lid
@@ -409,7 +428,7 @@ class AcmpEndpoint:
         while True:
             try:
                 received = await qp.receive()
-            except trio.ClosedResourceError:
+            except (trio.ClosedResourceError, trio.EndOfChannel):
                 return
             except FabricError as exc:
                 # A receive completion error costs one buffer, not the endpoint (defect 46).
@@ -482,7 +501,8 @@ class AcmpEndpoint:
         self.bulk_by_gid, self.bulk_by_lid = {}, {}
         count = 0
         for entry in self.cache.learned():
-            if entry.state is EntryState.READY and not entry.preloaded:
+            # Entries without a query template came from the route file: keep them.
+            if entry.state is EntryState.READY and entry.query is not None and not entry.busy:
                 entry.state = EntryState.ADDR_RESOLVED
                 count += 1
         return count

@@ -31,6 +31,7 @@ from ibacm.acmp.cache import (
     CacheKeyError,
     DestEntry,
     EntryState,
+    KeyText,
     cache_key,
 )
 from ibacm.acmp.groups import McGroup, select_group
@@ -90,9 +91,9 @@ class PeerProtocol:
         log.debug(
             "acm request received",
             tid=mad.tid,
-            src=key[1].rstrip(b"\0").hex(),
+            src=KeyText(key),
             for_us=targets_us,
-            state=entry.state.name,
+            state=entry.state,
         )
         if entry.state is EntryState.QUERY_ROUTE:
             # The route is being looked up already: answer when it is known.
@@ -135,11 +136,12 @@ class PeerProtocol:
                 self.send_response(entry, tid, AcmStatus.SUCCESS)
 
     def _no_common_group(self, entry: DestEntry) -> None:
-        log.debug("no common multicast group", state=entry.state.name)
+        log.debug("no common multicast group", peer=KeyText(entry.key), state=entry.state)
         if entry.wake is not None:
             entry.wake.complete(AcmStatus.ENODATA)
-        elif entry.op is None:
-            entry.forget()
+        elif not entry.busy:
+            # Nothing usable was learned: do not keep an empty entry around.
+            self.ep.cache.remove(entry.key)
 
     def record_address(self, entry: DestEntry, received: ReceivedMad, group: McGroup) -> None:
         """What a request or response tells about its sender (mad-protocol.md §6.4)."""

@@ -29,9 +29,12 @@ import structlog
 import trio
 
 from ibacm.acmp.cache import (
+    GID,
+    LID,
     CacheKeyError,
     DestEntry,
     EntryState,
+    KeyText,
     Operation,
     PendingQuery,
     cache_key,
@@ -98,8 +101,14 @@ class Resolver:
             counters.endpoint_only(Counter.ERROR)
             log.debug("cannot resolve", reason=str(exc))
             return AcmStatus.EDESTTYPE, None
+        if key[0] in (GID, LID) and ep.local_match(*key) and ep.loopback_local:
+            # Our own port by GID or LID: as local as our addresses (C asked the fabric,
+            # where nobody answered).
+            counters.both(Counter.ROUTE_CACHE)
+            return AcmStatus.SUCCESS, ep.loopback_route()
         entry = ep.cache.acquire(key)
         self._check_lifetimes(entry)
+        log.debug("resolve", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
             return AcmStatus.SUCCESS, entry.path
@@ -123,6 +132,7 @@ class Resolver:
         key = lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
         entry = ep.cache.acquire(key)
         self._check_lifetimes(entry)
+        log.debug("resolve path", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
             return AcmStatus.SUCCESS, entry.path
@@ -210,7 +220,7 @@ class Resolver:
             entry.op = None
         op.path = entry.path if ready else None
         op.finish(status)
-        log.debug("resolution ended", status=int(status), state=entry.state.name)
+        log.debug("resolution ended", dest=KeyText(entry.key), status=status, state=entry.state)
 
     async def _advance(self, entry: DestEntry, source: EpAddr | None) -> int:
         for _ in range(MAX_STEPS):
@@ -242,7 +252,7 @@ class Resolver:
                     await self._ask(entry, source, pending)
         entry.wake = None
         if not pending.done.is_set():
-            log.debug("acm request timed out", dest=entry.key[1].rstrip(b"\0").hex())
+            log.debug("acm request timed out", dest=KeyText(entry.key))
             return AcmStatus.ETIMEDOUT
         return pending.status
 

@@ -351,6 +351,20 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+async def _refuse_busy(stream: trio.SocketStream, limit: int) -> None:
+    """Say "busy", then let the client finish writing before closing, so the close does not
+    reset the connection (and discard the answer) while its first request is in flight."""
+    busy = wire.error_reply(None, f"too many admin clients (limit {limit})", wire.ErrorCode.BUSY)
+    with (
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+        trio.move_on_after(1.0),
+    ):
+        await stream.send_all(wire.encode_reply(busy))
+        await stream.send_eof()
+        while await stream.receive_some(RECEIVE_SIZE):
+            pass
+
+
 async def _serve_client(server: _Server, stream: trio.SocketStream) -> None:
     """One connection, start to end; nothing it does can escape into the server."""
     async with stream:
@@ -361,14 +375,7 @@ async def _serve_client(server: _Server, stream: trio.SocketStream) -> None:
         server.next_session += 1
         number = server.next_session
         if server.clients >= server.max_clients:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                with trio.move_on_after(1.0):
-                    busy = wire.error_reply(
-                        None,
-                        f"too many admin clients (limit {server.max_clients})",
-                        wire.ErrorCode.BUSY,
-                    )
-                    await stream.send_all(wire.encode_reply(busy))
+            await _refuse_busy(stream, server.max_clients)
             return
         server.clients += 1
         try:

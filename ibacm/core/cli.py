@@ -152,10 +152,13 @@ def _fail(readiness: Readiness, status: int, message: str) -> int:
     return status
 
 
-def _startup_failure(exc: BaseException) -> tuple[int, str] | None:
+def _startup_failure(exc: BaseException, fabric: str) -> tuple[int, str] | None:
     """(status, one-line message) for errors that mean "cannot start", else None."""
     for leaf in _leaves(exc):
         if isinstance(leaf, NoDevicesError):
+            if fabric == "sim":
+                # Already on the simulated fabric: the hint would not help.
+                return EXIT_STARTUP, "ibacm: " + " ".join(str(leaf).split())
             return EXIT_STARTUP, no_device_message(leaf)
         if isinstance(leaf, ListenerError | FabricError):
             return EXIT_STARTUP, f"ibacm: {leaf}"
@@ -195,9 +198,15 @@ def serve(
         if inherited.netlink is not None:
             # The kernel local SA service (RDMA_NL_LS) comes later; hold the socket meanwhile.
             log.info("inherited netlink socket kept; kernel path service not served yet")
+        try:
+            fabric = make_fabric(args)
+        except (FabricError, OSError, ValueError) as exc:
+            return _fail(
+                readiness, EXIT_STARTUP, f"ibacm: cannot use the {args.fabric} fabric: {exc}"
+            )
         daemon = Daemon(
             options,
-            make_fabric(args),
+            fabric,
             opts_file=args.opts_file,
             addr_file=args.addr_file,
             inherited_stream=inherited.stream,
@@ -210,7 +219,7 @@ def serve(
         try:
             trio.run(_serve, daemon, readiness)
         except BaseException as exc:
-            failure = _startup_failure(exc)
+            failure = _startup_failure(exc, args.fabric)
             if failure is None:
                 log.exception("ibacm stopped by an unexpected error")
                 return _fail(readiness, EXIT_STARTUP, f"ibacm: unexpected error: {exc!r}")
@@ -218,6 +227,8 @@ def serve(
             if message:
                 log.error("cannot start", reason=message)
                 return _fail(readiness, status, message)
+            readiness.report(status)
+            return status
         log.warning("ibacm stopped")
         return 0
     finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -32,6 +33,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +149,10 @@ _HUB_MARKER = "ibacm.fabric.sim.hub"
 def _signal_all(pids: dict[int, str], sig: signal.Signals) -> None:
     for pid, marker in pids.items():
         if _alive(pid, marker):
+            # Each process was started in its own session: signal its whole group, so a
+            # --daemon-cmd wrapper takes the real daemon with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
@@ -164,6 +170,21 @@ def _stop(pids: dict[int, str], deadline: float) -> list[int]:
     while time.monotonic() < end and any(_alive(pid, pids[pid]) for pid in stragglers):
         time.sleep(0.02)
     return stragglers
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """``pid`` is ``ancestor`` or one of its descendants (a wrapper may start the daemon)."""
+    for _ in range(16):
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[-1].split()[1])
+        if pid <= 1:
+            return False
+    return False
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -320,7 +341,7 @@ async def _await_ready(
             with trio.move_on_after(0.1):
                 await listener.receive()
             for name, proc in list(pending.items()):
-                if proc.pid in listener.ready:
+                if any(_descends_from(pid, proc.pid) for pid in listener.ready):
                     del pending[name]
                 elif proc.poll() is not None:
                     raise SimToolError(
@@ -411,7 +432,8 @@ async def _up(args: argparse.Namespace) -> int:
         _write_pids(layout, pids)
         await _await_ready(listener, procs, logs, timeout)
     except BaseException:
-        _down(layout, grace=2.0, quiet=True)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(partial(_down, layout, grace=2.0, quiet=True))
         raise
     finally:
         listener.close()
@@ -484,8 +506,6 @@ def status_report(layout: Layout) -> dict[str, Any]:
 
 
 def _gid_text(topology: Topology, guid: int) -> str:
-    import ipaddress
-
     return str(ipaddress.IPv6Address(topology.subnet_prefix << 64 | guid))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ibacm.acmp.endpoint import AcmpEndpoint, AcmpPort
 from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options
 from ibacm.core.sa import SaChannel, TidCounter
@@ -95,9 +96,7 @@ class Node:
         self._nursery = nursery
         await self.provider.start()
         for device in await self.fabric.open():
-            core_device = CoreDevice(
-                device, device.name, device.node_guid, device.phys_port_cnt
-            )
+            core_device = CoreDevice(device, device.name, device.node_guid, device.phys_port_cnt)
             dev_ctx = await self.provider.open_device(core_device)
             self.devices.append((device, core_device, dev_ctx))
             for num in range(1, device.phys_port_cnt + 1):
@@ -196,19 +195,25 @@ class Node:
         return next(iter(self.ports.values()))
 
     @property
-    def endpoint_ctx(self) -> object:
-        return self.first_port.endpoints[0][1]
+    def endpoint_ctx(self) -> AcmpEndpoint:
+        ctx = self.first_port.endpoints[0][1]
+        assert isinstance(ctx, AcmpEndpoint)
+        return ctx
 
-    def address_ctx(self, kind: AddrType, info: bytes) -> object:
+    @property
+    def port_ctx(self) -> AcmpPort:
+        ctx = self.first_port.ctx
+        assert isinstance(ctx, AcmpPort)
+        return ctx
+
+    def address_ctx(self, kind: int, info: bytes) -> object:
         for opened in self.ports.values():
             for address, ctx in opened.addresses:
                 if address.type == kind and address.info == info:
                     return ctx
-        raise LookupError(f"{self.name} has no address {kind.name} {info.hex()}")
+        raise LookupError(f"{self.name} has no address of type {kind}: {info.hex()}")
 
-    async def resolve(
-        self, source: EpAddr, dest: EpAddr, *, flags: int = 0
-    ) -> ResolveResult:
+    async def resolve(self, source: EpAddr, dest: EpAddr, *, flags: int = 0) -> ResolveResult:
         source = EpAddr(source.flags | EpFlag.SOURCE, source.type, source.info)
         dest = EpAddr(dest.flags | EpFlag.DEST | flags, dest.type, dest.info)
         request = ResolveRequest((source, dest), 0, 1, "test")
@@ -271,16 +276,12 @@ class Cluster:
     def __getitem__(self, node: str) -> Node:
         return self.nodes[node]
 
-    def endpoint(self, node: str) -> Any:
+    def endpoint(self, node: str) -> AcmpEndpoint:
         return self.nodes[node].endpoint_ctx
 
     async def wait_ready(self, timeout: float = 120.0) -> None:
         with trio.fail_after(timeout):
-            while not all(
-                getattr(node.endpoint_ctx, "ready", False)
-                for node in self.nodes.values()
-                if node.ports
-            ):
+            while not all(node.endpoint_ctx.ready for node in self.nodes.values() if node.ports):
                 await trio.sleep(0.01)
 
     def acm_requests(self) -> int:
@@ -323,6 +324,6 @@ async def cluster(
         if ready:
             await running.wait_ready()
         yield running
-        for node in running.nodes.values():
-            await node.stop()
+        for started in running.nodes.values():
+            await started.stop()
         nursery.cancel_scope.cancel()

@@ -8,12 +8,13 @@ import trio
 
 from ibacm.acmp.cache import EntryState, cache_key
 from ibacm.config.options import Options, RouteProt
-from ibacm.fabric.api import AddressVector
-from ibacm.provider.api import Counter
+from ibacm.fabric.api import AddressVector, UdQp
+from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.api import Counter, ResolveResult
 from ibacm.wire.acm_mad import AcmMad, acm_request, acm_response
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr
 from ibacm.wire.path_record import PathRecord
-from tests.acmp.harness import cluster, ipv4
+from tests.acmp.harness import Cluster, cluster, ipv4
 
 pytestmark = pytest.mark.trio
 
@@ -28,8 +29,8 @@ def options(**changes: object) -> Options:
     return opts
 
 
-def joins(world: object) -> int:
-    return world.count(0x03, 0x02, 0x38)  # type: ignore[attr-defined]
+def joins(world: SimWorld) -> int:
+    return world.count(0x03, 0x02, 0x38)
 
 
 async def test_ten_percent_loss_still_resolves(autojump_clock: object) -> None:
@@ -46,7 +47,9 @@ async def test_ten_percent_loss_still_resolves(autojump_clock: object) -> None:
 
 async def test_sa_down_gives_etimedout_within_the_budgets(autojump_clock: object) -> None:
     async with cluster(4) as c:
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
+        ).status == 0
         c.world.faults.sa_down = True
         # Address known (overheard), route phase only: one SA budget.
         start = trio.current_time()
@@ -79,7 +82,7 @@ async def test_sa_busy_is_retried_after_a_backoff(autojump_clock: object) -> Non
             result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, dst))
             assert result.status == AcmStatus.SUCCESS
         assert c.world.stats["sa_busy"] > 0
-        retried = sum(c[n].first_port.ctx.sa.busy_retries for n in c.nodes)  # type: ignore[attr-defined]
+        retried = sum(c[n].port_ctx.sa.busy_retries for n in c.nodes)
         assert retried == c.world.stats["sa_busy"]
 
 
@@ -102,7 +105,7 @@ async def test_failed_joins_are_retried_and_not_ready_means_enodata(
 
 async def test_port_flap_fails_parked_requests_and_rejoins(autojump_clock: object) -> None:
     async with cluster(4) as c:
-        results: list[object] = []
+        results: list[ResolveResult] = []
 
         async def ask() -> None:
             source = ipv4(c.world, "node1")
@@ -118,7 +121,7 @@ async def test_port_flap_fails_parked_requests_and_rejoins(autojump_clock: objec
                 while not results:
                     await trio.sleep(0.001)
             assert trio.current_time() - start < 0.1  # failed at once, not after the timeout
-        assert results[0].status == AcmStatus.ENODATA  # type: ignore[attr-defined]
+        assert results[0].status == AcmStatus.ENODATA
         assert not c["node1"].ports  # still down
         await trio.sleep(5)
         await c.wait_ready()
@@ -129,7 +132,9 @@ async def test_port_flap_fails_parked_requests_and_rejoins(autojump_clock: objec
 
 async def test_client_reregister_rejoins_and_keeps_the_cache(autojump_clock: object) -> None:
     async with cluster(3) as c:
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         joined = joins(c.world)
         c.world.client_reregister("node1")
         await trio.sleep(0.001)
@@ -142,7 +147,9 @@ async def test_client_reregister_rejoins_and_keeps_the_cache(autojump_clock: obj
 
 async def test_sm_change_drops_routes_but_keeps_addresses(autojump_clock: object) -> None:
     async with cluster(4) as c:
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         queries = c.sa_path_queries()
         c.world.move_sm("node3")
         await trio.sleep(0.001)
@@ -155,7 +162,9 @@ async def test_sm_change_drops_routes_but_keeps_addresses(autojump_clock: object
 
 async def test_lid_change_drops_routes_that_start_at_the_old_lid(autojump_clock: object) -> None:
     async with cluster(3) as c:
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         c.world.set_lid("node1", "mlx5_0", 1, 100)
         await trio.sleep(0.001)
         await c.wait_ready()
@@ -183,25 +192,33 @@ async def test_cache_bound_evicts_least_recently_used(autojump_clock: object) ->
 
 async def test_address_lifetime_expires_in_the_background(autojump_clock: object) -> None:
     async with cluster(3, options(addr_timeout=1)) as c:
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         key = cache_key(AddrType.IP, ipv4(c.world, "node2").info)
         cache = c.endpoint("node1").cache
         assert cache.get(key) is not None
         await trio.sleep(61)
         assert cache.get(key) is None  # removed without anyone asking
         assert cache.expired >= 1
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         assert c.acm_requests() == 2
 
 
 async def test_route_lifetime_requeries_only_the_route(autojump_clock: object) -> None:
     async with cluster(3, options(route_timeout=1)) as c:
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         queries = c.sa_path_queries()
         await trio.sleep(61)
         entry = c.endpoint("node1").cache.get(cache_key(AddrType.IP, ipv4(c.world, "node2").info))
         assert entry is not None and entry.state is EntryState.ADDR_RESOLVED
-        assert (await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))).status == 0
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
         assert c.acm_requests() == 1
         assert c.sa_path_queries() == queries + 1
         assert c["node1"].counters()[Counter.ADDR_CACHE] == 1
@@ -210,8 +227,8 @@ async def test_route_lifetime_requeries_only_the_route(autojump_clock: object) -
 # -- peers that are not ibacmp ------------------------------------------------------------
 
 
-async def _raw_qp(c: object, node: str) -> object:
-    fabric = c.world.fabric(node)  # type: ignore[attr-defined]
+async def _raw_qp(c: Cluster, node: str) -> UdQp:
+    fabric = c.world.fabric(node)
     device = (await fabric.open())[0]
     return await device.port(1).open_ud(0, recv_depth=16)
 
@@ -233,9 +250,9 @@ async def test_a_c_style_request_is_answered_with_the_shared_group(
             [target.group0.mgid, unknown_group],
         )
         av = AddressVector(dlid=node1.lids[0], dgid=node1.gids[0])
-        await qp.send(request.encode(), av, target.qpn)  # type: ignore[attr-defined]
+        await qp.send(request.encode(), av, target.qpn)
         with trio.fail_after(10):
-            received = await qp.receive()  # type: ignore[attr-defined]
+            received = await qp.receive()
         response = AcmMad.decode(received.mad)
         assert received.mad[:8] == bytes.fromhex("012c018100000001")
         assert response.tid == 0x1234 and response.acm_status == 0
@@ -243,8 +260,9 @@ async def test_a_c_style_request_is_answered_with_the_shared_group(
         assert received.sgid == node1.gids[0] and received.src_qp == target.qpn
         # node1 learned node4 and its route (it asked the SA before answering, as C does).
         entry = target.cache.get(cache_key(AddrType.IP, ipv4(c.world, "node4").info))
+        assert entry is not None and entry.path is not None
         assert entry.state is EntryState.READY and entry.path.dlid == node4.lids[0]
-        assert entry.remote_qpn == qp.qpn  # type: ignore[attr-defined]
+        assert entry.remote_qpn == qp.qpn
 
 
 async def test_bad_mads_and_foreign_responses_are_counted_and_dropped(
@@ -262,8 +280,8 @@ async def test_bad_mads_and_foreign_responses_are_counted_and_dropped(
         bad_version = bytearray(acm_response(2, target.group0.mgid).encode())
         bad_version[2] = 2
         for mad in (bytes(too_many_gids), bytes(bad_version), bytes(256)):
-            await qp.send(mad, av, target.qpn)  # type: ignore[attr-defined]
-        await qp.send(acm_response(0x777, target.group0.mgid).encode(), av, target.qpn)  # type: ignore[attr-defined]
+            await qp.send(mad, av, target.qpn)
+        await qp.send(acm_response(0x777, target.group0.mgid).encode(), av, target.qpn)
         await trio.sleep(0.1)
         assert target.stats.bad_mads == 3
         assert target.stats.unmatched_responses == 1
@@ -289,7 +307,7 @@ async def test_a_response_from_another_gid_than_asked_is_ignored(autojump_clock:
             (tid,) = target.outstanding
             forged = acm_response(tid, target.group0.mgid).encode()
             av = AddressVector(dlid=node1.lids[0], dgid=node1.gids[0])
-            await qp.send(forged, av, target.qpn)  # type: ignore[attr-defined]
+            await qp.send(forged, av, target.qpn)
             await trio.sleep(0.1)
             assert target.stats.unmatched_responses == 1
             c.world.faults.sa_down = False

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import trio
 
+from ibacm.acmp.cache import PendingQuery
 from ibacm.config.options import Options, RouteProt
 from ibacm.provider.api import Counter
-from ibacm.wire.client import AcmStatus, EpAddr, EpFlag
+from ibacm.wire.client import AcmStatus, AddrType, EpAddr, EpFlag
+from ibacm.wire.path_record import PathRecord
 from tests.acmp.harness import Cluster, cluster, gid, ipv4, ipv6, lid, name
 
 pytestmark = pytest.mark.trio
@@ -29,13 +31,13 @@ def addresses(c: Cluster, kind: str, node: str) -> EpAddr:
     return name(node)
 
 
-def check_path(c: Cluster, src: str, dst: str, path: object) -> None:
+def check_path(c: Cluster, src: str, dst: str, path: PathRecord) -> None:
     source, dest = c.world.node(src), c.world.node(dst)
-    assert path.dlid == dest.lids[0]  # type: ignore[attr-defined]
-    assert path.dgid == dest.gids[0]  # type: ignore[attr-defined]
-    assert path.slid == source.lids[0]  # type: ignore[attr-defined]
-    assert path.sgid == source.gids[0]  # type: ignore[attr-defined]
-    assert path.pkey == 0xFFFF  # type: ignore[attr-defined]
+    assert path.dlid == dest.lids[0]
+    assert path.dgid == dest.gids[0]
+    assert path.slid == source.lids[0]
+    assert path.sgid == source.gids[0]
+    assert path.pkey == 0xFFFF
 
 
 @pytest.mark.parametrize("route_prot", [RouteProt.SA, RouteProt.ACM])
@@ -199,9 +201,7 @@ async def test_parked_requests_share_one_resolution(autojump_clock: object) -> N
         results = []
 
         async def ask() -> None:
-            results.append(
-                await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
-            )
+            results.append(await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2")))
 
         async with trio.open_nursery() as nursery:
             for _ in range(10):
@@ -211,10 +211,10 @@ async def test_parked_requests_share_one_resolution(autojump_clock: object) -> N
 
 
 async def test_resolve_depth_limits_requests_in_flight(autojump_clock: object) -> None:
-    class Watched(dict[int, object]):
+    class Watched(dict[int, PendingQuery]):
         most = 0
 
-        def __setitem__(self, key: int, value: object) -> None:
+        def __setitem__(self, key: int, value: PendingQuery) -> None:
             super().__setitem__(key, value)
             Watched.most = max(Watched.most, len(self))
 
@@ -234,8 +234,6 @@ async def test_resolve_depth_limits_requests_in_flight(autojump_clock: object) -
 
 
 async def test_path_form_by_lid_and_gid_queries_the_sa(autojump_clock: object) -> None:
-    from ibacm.wire.path_record import PathRecord
-
     async with cluster(3) as c:
         node3 = c.world.node("node3")
         by_lid = await c["node1"].resolve_path(PathRecord(dlid=node3.lids[0], reversible=True))
@@ -254,8 +252,6 @@ async def test_path_form_by_lid_and_gid_queries_the_sa(autojump_clock: object) -
 async def test_query_sa_passes_the_record_through_and_caches_nothing(
     autojump_clock: object,
 ) -> None:
-    from ibacm.wire.path_record import PathRecord
-
     async with cluster(3) as c:
         node2 = c.world.node("node2")
         for _ in range(2):
@@ -270,3 +266,43 @@ async def test_query_sa_passes_the_record_through_and_caches_nothing(
         counters = c["node1"].counters()
         assert counters[Counter.ROUTE_QUERY] == 3 and counters[Counter.ERROR] == 1
         assert counters[Counter.RESOLVE] == 0
+
+
+async def test_own_gid_and_lid_resolve_like_local_addresses(autojump_clock: object) -> None:
+    async with cluster(2) as c:
+        for dest in (gid(c.world, "node1"), lid(c.world, "node1")):
+            result = await c["node1"].resolve(ipv4(c.world, "node1"), dest)
+            assert result.status == AcmStatus.SUCCESS
+            check_path(c, "node1", "node1", result.paths[0])
+        assert c.acm_requests() == 0
+
+
+async def test_removed_address_is_no_longer_local(autojump_clock: object) -> None:
+    async with cluster(2) as c:
+        node1 = c["node1"]
+        v6 = ipv6(c.world, "node1")
+        ctx = node1.address_ctx(v6.type, v6.info)
+        node1.provider.remove_address(ctx)
+        result = await node1.resolve(ipv4(c.world, "node1"), v6)
+        assert result.status == AcmStatus.ETIMEDOUT  # nobody owns it any more
+        assert c.acm_requests() == 3
+
+
+async def test_flush_and_describe_for_the_admin_socket(autojump_clock: object) -> None:
+    async with cluster(3) as c:
+        node1 = c["node1"]
+        for dst in ("node2", "node3"):
+            assert (await node1.resolve(ipv4(c.world, "node1"), ipv4(c.world, dst))).status == 0
+        described = node1.provider.describe_endpoint(node1.endpoint_ctx)
+        assert described["state"] == "ready"
+        assert described["groups"][0]["state"] == "joined"
+        addresses = {entry["address"] for entry in described["entries"]}
+        assert {"10.0.0.2", "10.0.0.3", "node1"} <= addresses
+        dest = ipv4(c.world, "node2")
+        assert node1.provider.flush(node1.endpoint_ctx, (AddrType.IP, dest.info)) == 1
+        assert node1.provider.flush(node1.endpoint_ctx, (AddrType.IP, dest.info)) == 0
+        assert node1.provider.flush(node1.endpoint_ctx) == 1  # node3; local entries stay
+        local = await node1.resolve(ipv4(c.world, "node1"), name("node1"))
+        assert local.status == AcmStatus.SUCCESS
+        again = await node1.resolve(ipv4(c.world, "node1"), dest)
+        assert again.status == AcmStatus.SUCCESS and c.acm_requests() == 3

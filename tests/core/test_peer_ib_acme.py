@@ -231,3 +231,17 @@ async def test_loop_mode_over_tcp(tmp_path: Path) -> None:
             status, lines, _ = await ib_acme("-S", "127.0.0.1", "-d", "10.0.0.2")
         assert status == 0, lines
         assert run.daemons["node1"].listeners is not None
+
+
+@pytest.mark.peer
+@pytest.mark.trio
+async def test_endpoint_with_an_ep_query_reply_over_592_bytes(tmp_path: Path) -> None:
+    async with cluster(tmp_path, nodes=2) as run:
+        names = [f"alias{n:02d}" for n in range(14)]
+        addr_file = tmp_path / "node1" / "ibacm_addr.cfg"
+        addr_file.write_text("".join(f"{name} mlx5_0 1 default\n" for name in names))
+        await run.daemons["node1"].reload()
+        # 16 + 80 + 16 x 64 = 1120 bytes: ib_acme reads the header, then the rest.
+        status, lines, _ = await ib_acme("-S", run.socket(), "-e", "1")
+        assert status == 0
+        assert lines[1].split(",")[6:] == ["10.0.0.1/16", "fd00::1/64", *names]

@@ -21,6 +21,7 @@ from ibacm.wire.mad import (
     build_path_get_table,
 )
 from ibacm.wire.path_record import PathRecord
+from tests.conftest import SPEC, require_file
 from tests.fabric.helpers import acm_join_record, net_example, open_node, running
 
 NO_RECORDS, REQ_INVALID, INSUFFICIENT = 0x0300, 0x0200, 0x0600
@@ -228,3 +229,44 @@ async def test_umad_rewrites_tid_and_retries(autojump_clock: trio.abc.Clock) -> 
                 build_path_get(3, PathRecord(dlid=a.lid)), elsewhere, timeout_ms=10, retries=0
             )
         assert world.stats["sa_not_sm"] == 1
+
+
+def spec_example(title: str) -> bytes:
+    """The hex dump following ``title`` in mad-protocol.md §9.9, zero-padded to 256 bytes."""
+    text = require_file(SPEC / "mad-protocol.md").read_text()
+    block = text[text.index(title) :].split("```")[1]
+    data = bytearray(256)
+    for line in block.strip().splitlines():
+        offset, _, rest = line.partition(":")
+        octets = [int(x, 16) for x in rest.split()[:16] if len(x) == 2]
+        start = int(offset, 16)
+        data[start : start + len(octets)] = bytes(octets)
+    return bytes(data)
+
+
+@pytest.mark.trio
+async def test_the_specs_worked_examples_are_answered(autojump_clock: trio.abc.Clock) -> None:
+    topology = generate(2)
+    # Give the ports the GIDs of the examples (fe80::2:c903:1:e3f1 and fe80::2:c903:a:2b3d).
+    topology.hosts[0].hcas[0].ports[0].guid = 0x0002C9030001E3F1
+    topology.hosts[1].hcas[0].ports[0].guid = 0x0002C903000A2B3D
+    topology.sm_guid = 0x0002C9030001E3F1
+    world = SimWorld(topology)
+    async with running(world):
+        a, b = await open_node(world.fabric("node1")), await open_node(world.fabric("node2"))
+        join = spec_example("MCMemberRecord join for group 0")
+        assert join[:4] == bytes([1, 3, 2, 2]) and join[48:56] == bytes.fromhex("000000000001b3f7")
+        answer = SaMad.decode(await a.sa(join))
+        assert (answer.mad.status, answer.mad.method, answer.mad.tid & 0xFFFFFFFF) == (0, 0x81, 7)
+        assert answer.sa.comp_mask == 0x1B3F7
+        record = McMemberRecord.decode(answer.data[:56])
+        assert record.mgid == join[56:72] and record.port_gid == a.gid
+        assert (record.qkey, record.mtu_byte, record.rate_byte, record.scope_join) == (
+            0x80010000,
+            0x84,
+            0x83,
+            0x51,
+        )
+        query = spec_example("PathRecord GET for an ACM-learned peer")
+        path = path_of(await a.sa(query))
+        assert (path.dgid, path.sgid, path.dlid, path.slid) == (b.gid, a.gid, b.lid, a.lid)

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ibacm.tools.sim import main as sim_main
 from tests.conftest import require_file
 from tests.fabric.helpers import NET_EXAMPLES
 
@@ -52,12 +55,18 @@ def leftovers(root: Path) -> list[str]:
     )
 
 
-def status(root: Path) -> tuple[int, dict[str, Any]]:
-    result = sim("status", "--dir", str(root), "--json")
-    return result.returncode, json.loads(result.stdout)
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """A command that starts no process, run in-process (fast): (exit status, stdout)."""
+    code = sim_main(list(args))
+    return code, capsys.readouterr().out
 
 
-def test_up_status_down(tmp_path: Path) -> None:
+def status(capsys: pytest.CaptureFixture[str], root: Path) -> tuple[int, dict[str, Any]]:
+    code, out = run(capsys, "status", "--dir", str(root), "--json")
+    return code, json.loads(out)
+
+
+def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "cluster"
     up = sim(
         "up",
@@ -75,7 +84,7 @@ def test_up_status_down(tmp_path: Path) -> None:
     assert up.returncode == 0, up.stderr
     assert "3 node(s) up" in up.stdout
     try:
-        code, report = status(root)
+        code, report = status(capsys, root)
         assert code == 0
         assert report["hub"]["state"] == "running" and alive(report["hub"]["pid"])
         nodes = {n["name"]: n for n in report["nodes"]}
@@ -98,12 +107,12 @@ def test_up_status_down(tmp_path: Path) -> None:
         assert "node2 mlx5_0 1 default" in (root / "node2" / "ibacm_addr.cfg").read_text()
         # The stand-in daemon really joined the fabric through the hub.
         assert "mlx5_0 port 1 ACTIVE lid 3" in (root / "node2" / "ibacm.log").read_text()
-        table = sim("status", "--dir", str(root))
-        assert table.returncode == 0 and "node3  4 " in table.stdout
-        hosts = sim("hosts", "--dir", str(root)).stdout
+        code, table = run(capsys, "status", "--dir", str(root))
+        assert code == 0 and "node3  4 " in table
+        hosts = run(capsys, "hosts", "--dir", str(root))[1]
         assert "10.0.0.3 " + nodes["node3"]["gid"] in hosts.splitlines()
-        assert sim("fault", "--dir", str(root), "loss", "0.25").stdout.startswith("loss 0.25")
-        assert "SM LID 2" in sim("stats", "--dir", str(root)).stdout
+        assert run(capsys, "fault", "--dir", str(root), "loss", "0.25")[1].startswith("loss 0.25")
+        assert "SM LID 2" in run(capsys, "stats", "--dir", str(root))[1]
         again = sim("up", "--nodes", "3", "--dir", str(root), "--daemon-cmd", daemon_cmd())
         assert again.returncode == 1 and "already up" in again.stderr
     finally:
@@ -113,11 +122,13 @@ def test_up_status_down(tmp_path: Path) -> None:
     assert not any(alive(n["pid"]) for n in report["nodes"])
     assert leftovers(root) == []
     assert (root / "node1" / "ibacm.log").exists()  # logs and configuration stay
-    code, after = status(root)
+    code, after = status(capsys, root)
     assert code == 1 and {n["state"] for n in after["nodes"]} == {"down"}
 
 
-def test_a_daemon_that_dies_fails_up_and_leaves_nothing(tmp_path: Path) -> None:
+def test_a_daemon_that_dies_fails_up_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     topology = require_file(NET_EXAMPLES / "net.2sw2path4hca")
     root = tmp_path / "c"
     env = dict(os.environ, FAKE_IBACM_FAIL="Hca2")
@@ -130,19 +141,26 @@ def test_a_daemon_that_dies_fails_up_and_leaves_nothing(tmp_path: Path) -> None:
     pids = json.loads((root / "topology.json").read_text())  # the topology stays
     assert [h["name"] for h in pids["hosts"]] == ["Hca1", "Hca2", "Hca3", "Hca4"]
     assert leftovers(root) == []
-    code, report = status(root)
+    code, report = status(capsys, root)
     assert code == 1 and report["hub"]["state"] == "down"
 
 
-def test_bad_arguments_are_reported(tmp_path: Path) -> None:
-    result = sim("up", "--dir", str(tmp_path / "x"))
-    assert result.returncode == 1 and "--nodes N or --topology FILE" in result.stderr
-    result = sim("up", "--nodes", "2", "--dir", str(tmp_path / "x"), "--loss", "3")
-    assert result.returncode == 1 and "probability" in result.stderr
-    result = sim("status", "--dir", str(tmp_path / "nothing"))
-    assert result.returncode == 1 and "no simulated cluster" in result.stderr
-    result = sim("fault", "--dir", str(tmp_path / "nothing"), "loss", "0.1")
-    assert result.returncode == 1 and "cannot reach the simulator hub" in result.stderr
+def test_bad_arguments_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # These fail before anything is started, so they run in-process.
+    def fails(*args: str) -> str:
+        assert sim_main(list(args)) == 1
+        return capsys.readouterr().err
+
+    assert "--nodes N or --topology FILE" in fails("up", "--dir", str(tmp_path / "x"))
+    assert "probability" in fails("up", "--nodes", "2", "--dir", str(tmp_path / "x"), "--loss", "3")
+    assert "no simulated cluster" in fails("status", "--dir", str(tmp_path / "nothing"))
+    assert "cannot reach the simulator hub" in fails(
+        "fault", "--dir", str(tmp_path / "nothing"), "loss", "0.1"
+    )
     deep = tmp_path / ("d" * 120)
-    result = sim("up", "--nodes", "1", "--dir", str(deep), "--daemon-cmd", daemon_cmd())
-    assert result.returncode == 1 and "longer than a unix socket path" in result.stderr
+    assert "longer than a unix socket path" in fails(
+        "up", "--nodes", "1", "--dir", str(deep), "--daemon-cmd", daemon_cmd()
+    )
+    assert "cannot read topology" in fails(
+        "up", "--topology", str(tmp_path / "missing.net"), "--dir", str(tmp_path / "y")
+    )

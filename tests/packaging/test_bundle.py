@@ -70,6 +70,18 @@ def test_runtime_closure_has_the_dependencies_and_no_test_tools() -> None:
         assert tool not in resolved
 
 
+def test_closure_is_complete_including_extras_of_dependencies() -> None:
+    project = bundle.read_project(REPO)
+    resolved = bundle.resolve(project.requirements(["metrics"]), project.name)
+    for dist in resolved.values():
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None:
+                assert bundle.normalize(req.name) in resolved, f"{dist.metadata['Name']}: {req}"
+    # textual asks for markdown-it-py[linkify]: the extra's own dependency must come along.
+    assert "linkify-it-py" in resolved
+
+
 def test_unknown_extra_is_refused() -> None:
     project = bundle.read_project(REPO)
     with pytest.raises(bundle.BundleError, match="no extra 'gpu'"):

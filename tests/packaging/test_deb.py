@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,14 +21,19 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
 
 
-def run(*command: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run(
+    *command: str | Path,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(part) for part in command],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
-        **kwargs,  # type: ignore[arg-type]
+        env=env,
+        cwd=cwd,
     )
 
 

@@ -118,8 +118,12 @@ def _documented_keys() -> dict[str, str]:
         if head is None:
             continue
         body = entry.split("\n.S", 1)[0]
-        default = re.search(r"Default: (?:same as )?\\fB(.*?)\\fR\.", body)
-        found[head.group(1)] = default.group(1).replace("\\-", "-") if default else ""
+        stated = (
+            re.findall(r"\\fB(.*?)\\fR\.", body.split("Default:", 1)[-1])
+            if "Default:" in body
+            else []
+        )
+        found[head.group(1)] = stated[-1].replace("\\-", "-") if stated else ""
     return found
 
 

@@ -13,9 +13,12 @@ from tests.conftest import REPO, require_file, require_peer
 PACKAGING = REPO / "packaging"
 
 
-def directives(path: Path) -> dict[tuple[str, str], list[str]]:
+Directives = dict[tuple[str, str], list[str]]
+
+
+def directives(path: Path) -> Directives:
     """(section, key) -> values, in file order (systemd allows repeated keys)."""
-    found: dict[tuple[str, str], list[str]] = {}
+    found: Directives = {}
     section = ""
     for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.strip()
@@ -30,12 +33,12 @@ def directives(path: Path) -> dict[tuple[str, str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def service() -> dict[tuple[str, str], list[str]]:
+def service() -> Directives:
     return directives(PACKAGING / "ibacm.service")
 
 
 @pytest.fixture(scope="module")
-def socket_unit() -> dict[tuple[str, str], list[str]]:
+def socket_unit() -> Directives:
     return directives(PACKAGING / "ibacm.socket")
 
 
@@ -57,7 +60,7 @@ def test_systemd_accepts_both_units(tmp_path: Path) -> None:
     assert done.stderr == ""
 
 
-def test_socket_unit_listens_where_clients_look(socket_unit: dict) -> None:
+def test_socket_unit_listens_where_clients_look(socket_unit: Directives) -> None:
     assert socket_unit[("Socket", "ListenStream")] == ["/run/ibacm-unix.sock"]
     assert socket_unit[("Socket", "Symlinks")] == ["/run/ibacm.sock"]
     # NETLINK_RDMA, multicast group mask 4 = RDMA_NL_GROUP_LS.
@@ -65,7 +68,7 @@ def test_socket_unit_listens_where_clients_look(socket_unit: dict) -> None:
     assert socket_unit[("Install", "WantedBy")] == ["sockets.target"]
 
 
-def test_service_is_notify_type_and_runs_the_daemon_for_systemd(service: dict) -> None:
+def test_service_is_notify_type_and_runs_the_daemon_for_systemd(service: Directives) -> None:
     assert service[("Service", "Type")] == ["notify"]
     argv = shlex.split(service[("Service", "ExecStart")][0])
     assert argv == ["/usr/sbin/ibacm", "--systemd"]
@@ -75,7 +78,7 @@ def test_service_is_notify_type_and_runs_the_daemon_for_systemd(service: dict) -
     assert service[("Install", "WantedBy")] == ["rdma-hw.target"]
 
 
-def test_service_is_hardened_but_keeps_what_the_daemon_needs(service: dict) -> None:
+def test_service_is_hardened_but_keeps_what_the_daemon_needs(service: Directives) -> None:
     def value(key: str) -> str:
         return service[("Service", key)][-1]
 

@@ -1,30 +1,26 @@
-"""Share one simulated fabric between processes: the hub server and the ``HubFabric`` client.
+"""Share one simulated fabric between processes: the hub server.
 
 ``serve_hub(world, path)`` listens on a unix socket; each daemon connects with
-``HubFabric(path, node_name)``, which implements the ``Fabric`` interface by forwarding to the
-world: UD sends/receives, SA MADs, port queries, events and IP addresses (framing in
-``hub_protocol``). A hub drops UD MADs for a client that stops reading (its queue is
-bounded), never blocking the fabric. A client whose hub connection drops sees every port go
-DOWN (PORT_ERR, queries say DOWN, sends fail).
+``HubFabric(path, node_name)`` (``hub_client.py``, re-exported here) and reaches the world
+through it: UD sends/receives, SA MADs, port queries, events and IP addresses (framing in
+``hub_protocol``). The hub never blocks the fabric on a slow client: UD MADs for a client that
+stops reading are dropped once its queue is full, as an RNR drop would. Control clients
+(``ibacm-sim fault ...``, ``hub_call``) change faults, flap ports, move the SM and so on.
 
-``HubFabric`` needs no task of its own: whichever of its callers is waiting reads the socket
-and hands frames to everyone (one reader at a time, cancellation-safe), so it works with the
-plain ``Fabric`` calls of the daemon. The control side (``ibacm-sim fault ...``) uses
-``hub_call``.
-
-``python -m ibacm.fabric.sim.hub --dir DIR ...`` runs a hub as its own process (this is
-what ``ibacm-sim up`` starts).
+``python -m ibacm.fabric.sim.hub --dir DIR ...`` runs a hub as its own process (what
+``ibacm-sim up`` starts): it writes DIR/topology.json and DIR/hub.pid, serves DIR/hub.sock,
+sends sd_notify READY=1 and cleans up on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import os
 import signal
 import socket
 import sys
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,48 +29,17 @@ from typing import Any
 
 import trio
 
-from ibacm.fabric.api import (
-    AddressVector,
-    Device,
-    Fabric,
-    FabricError,
-    InterfaceAddress,
-    IpEvent,
-    LinkLayer,
-    NoDevicesError,
-    Port,
-    PortAttributes,
-    PortDownError,
-    PortEvent,
-    PortEventType,
-    PortState,
-    ReceivedMad,
-    SaDestination,
-    SaSendError,
-    SaTimeout,
-    UdQp,
-)
+from ibacm.fabric.api import FabricError, IpEvent, PortEvent, ReceivedMad, SaDestination
 from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.faults import FaultSettingError
+from ibacm.fabric.sim.hub_client import HubConnectionLost, HubError, HubFabric, hub_call
 from ibacm.fabric.sim.hub_protocol import Frame, FrameType
 from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
-from ibacm.fabric.sim.umad import UmadAgent
 from ibacm.fabric.sim.world import DeviceRuntime, HostRuntime, PortRuntime, SimWorld, WorldQp
 
 DATA_QUEUE_LIMIT = 65536
 """UD MADs a hub holds for one client before dropping (the client is not reading)."""
 _READ_SIZE = 1 << 16
-_ERRORS: dict[str, type[FabricError]] = {
-    cls.__name__: cls
-    for cls in (FabricError, NoDevicesError, PortDownError, SaSendError, SaTimeout)
-}
-
-
-class HubError(FabricError):
-    """The hub refused a request (bad arguments, unknown node...)."""
-
-
-# == server ================================================================================
 
 
 class _Hub:
@@ -156,7 +121,7 @@ class _Session:
         self.push(
             hp.encode_json(
                 FrameType.IP_EVENT,
-                {"added": event.added, **_address_dict(entry)},
+                {"added": event.added, **hp.address_to_json(entry)},
             )
         )
 
@@ -292,11 +257,11 @@ class _Session:
 
     def _op_query(self, request: dict[str, Any]) -> Any:
         attrs = self.world.port_attributes(self._port(int(request["device"]), int(request["port"])))
-        return _attrs_dict(attrs)
+        return hp.attrs_to_json(attrs)
 
     def _op_addresses(self, request: dict[str, Any]) -> Any:
         assert self.host is not None
-        return [_address_dict(entry) for entry in self.host.addresses]
+        return [hp.address_to_json(entry) for entry in self.host.addresses]
 
     def _op_open_ud(self, request: dict[str, Any]) -> Any:
         port = self._port(int(request["device"]), int(request["port"]))
@@ -404,62 +369,6 @@ class _Session:
 _NODE_OPS = frozenset({"query", "addresses", "open_ud", "close_qp", "attach", "detach"})
 
 
-def _attrs_dict(attrs: PortAttributes) -> dict[str, Any]:
-    return {
-        "port_num": attrs.port_num,
-        "state": int(attrs.state),
-        "lid": attrs.lid,
-        "lmc": attrs.lmc,
-        "sm_lid": attrs.sm_lid,
-        "sm_sl": attrs.sm_sl,
-        "subnet_timeout": attrs.subnet_timeout,
-        "active_mtu": attrs.active_mtu,
-        "active_width": attrs.active_width,
-        "active_speed": attrs.active_speed,
-        "gids": [g.hex() for g in attrs.gids],
-        "pkeys": list(attrs.pkeys),
-        "link_layer": int(attrs.link_layer),
-    }
-
-
-def _attrs_from_dict(raw: dict[str, Any]) -> PortAttributes:
-    return PortAttributes(
-        port_num=int(raw["port_num"]),
-        state=PortState(int(raw["state"])),
-        lid=int(raw["lid"]),
-        lmc=int(raw["lmc"]),
-        sm_lid=int(raw["sm_lid"]),
-        sm_sl=int(raw["sm_sl"]),
-        subnet_timeout=int(raw["subnet_timeout"]),
-        active_mtu=int(raw["active_mtu"]),
-        active_width=int(raw["active_width"]),
-        active_speed=int(raw["active_speed"]),
-        gids=tuple(bytes.fromhex(g) for g in raw["gids"]),
-        pkeys=tuple(int(p) for p in raw["pkeys"]),
-        link_layer=LinkLayer(int(raw["link_layer"])),
-    )
-
-
-def _address_dict(entry: InterfaceAddress) -> dict[str, Any]:
-    return {
-        "ifname": entry.ifname,
-        "address": str(entry.address),
-        "prefixlen": entry.prefixlen,
-        "gid": entry.gid.hex(),
-        "pkey": entry.pkey,
-    }
-
-
-def _address_from_dict(raw: dict[str, Any]) -> InterfaceAddress:
-    return InterfaceAddress(
-        str(raw["ifname"]),
-        ipaddress.ip_address(raw["address"]),
-        int(raw["prefixlen"]),
-        bytes.fromhex(raw["gid"]),
-        int(raw["pkey"]),
-    )
-
-
 async def _unix_listener(path: str) -> trio.SocketListener:
     target = Path(path)
     if target.exists() or target.is_symlink():
@@ -499,7 +408,10 @@ async def serve_hub(
             hub = _Hub(world, nursery)
 
             async def handle(stream: trio.SocketStream) -> None:
-                await _Session(hub, stream).run()
+                try:
+                    await _Session(hub, stream).run()
+                except Exception:  # a bug must cost one connection, not the whole fabric
+                    traceback.print_exc(file=sys.stderr)
 
             await nursery.start(trio.serve_listeners, handle, [listener])
             task_status.started(path)
@@ -512,456 +424,7 @@ async def serve_hub(
             os.unlink(path)
 
 
-# == client ================================================================================
-
-
-class HubConnectionLost(FabricError):
-    """The connection to the hub is gone."""
-
-
-@dataclass(eq=False)
-class _Call:
-    done: bool = False
-    result: Any = None
-    error: dict[str, str] | None = None
-
-
-class _Link:
-    """A hub connection read by whichever caller waits (see the module docstring)."""
-
-    def __init__(self, stream: trio.abc.Stream, on_frame: Callable[[Frame], None]) -> None:
-        self.stream = stream
-        self._decoder = hp.FrameDecoder()
-        self._on_frame = on_frame
-        self._send_lock = trio.Lock()
-        self._pumping = False
-        self._round = trio.Event()
-        self.lost: str | None = None
-        self.on_lost: Callable[[], None] = lambda: None
-        self._calls: dict[int, _Call] = {}
-        self._next_id = 1
-        self.pending_stats: dict[str, int] = {}
-
-    def kick(self) -> None:
-        """Wake every waiter so it re-checks its condition."""
-        old, self._round = self._round, trio.Event()
-        old.set()
-
-    async def until(self, ready: Callable[[], bool]) -> None:
-        while not ready():
-            if self.lost is not None or self._pumping:
-                await self._round.wait()
-            else:
-                await self._pump()
-
-    async def until_set(self, event: trio.Event) -> None:
-        await self.until(event.is_set)
-
-    async def _pump(self) -> None:
-        self._pumping = True
-        try:
-            try:
-                data = await self.stream.receive_some(_READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._mark_lost(f"hub connection failed: {exc}")
-                return
-            if not data:
-                self._mark_lost("the hub closed the connection")
-                return
-            try:
-                frames = self._decoder.feed(data)
-            except hp.HubProtocolError as exc:
-                self._mark_lost(f"bad data from the hub: {exc}")
-                return
-            for item in frames:
-                self._dispatch(item)
-        finally:
-            self._pumping = False
-            self.kick()
-
-    def _dispatch(self, item: Frame) -> None:
-        if item.type == FrameType.REPLY:
-            call_id, payload = hp.decode_json_body(item.body)
-            call = self._calls.get(call_id)
-            if call is not None:
-                call.done = True
-                if isinstance(payload, dict) and "error" in payload:
-                    call.error = payload["error"]
-                else:
-                    call.result = payload.get("ok") if isinstance(payload, dict) else None
-        elif item.type == FrameType.OK:
-            call = self._calls.get(hp.decode_ok(item.body))
-            if call is not None:
-                call.done = True
-        else:
-            self._on_frame(item)
-
-    def _mark_lost(self, reason: str) -> None:
-        if self.lost is None:
-            self.lost = reason
-            self.on_lost()
-
-    async def send(self, data: bytes) -> None:
-        if self.lost is not None:
-            raise HubConnectionLost(self.lost)
-        if self.pending_stats:
-            data = hp.encode_json(FrameType.STAT, self.pending_stats) + data
-            self.pending_stats = {}
-        async with self._send_lock:
-            # Shielded: a half-written frame would corrupt the stream for everyone.
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._mark_lost(f"hub connection failed: {exc}")
-                    self.kick()
-                    raise HubConnectionLost(self.lost or str(exc)) from exc
-
-    def new_call(self) -> tuple[int, _Call]:
-        call_id = self._next_id
-        self._next_id = (self._next_id % 0xFFFFFFFF) + 1
-        call = _Call()
-        self._calls[call_id] = call
-        return call_id, call
-
-    async def finish(self, call_id: int, call: _Call, data: bytes) -> Any:
-        """Send a request frame and wait for its reply; remote errors are raised here."""
-        try:
-            await self.send(data)
-            await self.until(lambda: call.done or self.lost is not None)
-        finally:
-            self._calls.pop(call_id, None)
-        if not call.done:
-            raise HubConnectionLost(self.lost or "hub connection lost")
-        if call.error is not None:
-            kind = _ERRORS.get(call.error.get("type", ""), HubError)
-            raise kind(call.error.get("message", "hub error"))
-        return call.result
-
-    async def call(self, request: dict[str, Any]) -> Any:
-        call_id, call = self.new_call()
-        return await self.finish(call_id, call, hp.encode_call(call_id, request))
-
-
-class HubUdQp(UdQp):
-    def __init__(self, port: HubPort, handle: int, qpn: int, recv_depth: int) -> None:
-        self._port = port
-        self._link = port.device.fabric.link
-        self.handle = handle
-        self._qpn = qpn
-        self._depth = recv_depth
-        self._queue: deque[ReceivedMad] = deque()
-        self._closed = False
-
-    @property
-    def qpn(self) -> int:
-        return self._qpn
-
-    def deliver(self, received: ReceivedMad) -> None:
-        if self._closed:
-            return
-        if len(self._queue) >= self._depth:
-            stats = self._link.pending_stats
-            stats["rnr_drop"] = stats.get("rnr_drop", 0) + 1
-            return
-        self._queue.append(received)
-
-    async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
-        if self._closed:
-            raise FabricError(f"send on closed QP {self._qpn:#x}")
-        link = self._link
-        call_id, call = link.new_call()
-        try:
-            data = hp.encode_ud_send(call_id, self.handle, remote_qpn, av, mad)
-        except hp.HubProtocolError as exc:
-            link._calls.pop(call_id, None)
-            raise FabricError(str(exc)) from exc
-        try:
-            await link.finish(call_id, call, data)
-        except HubConnectionLost as exc:
-            raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
-
-    async def receive(self) -> ReceivedMad:
-        await self._link.until(lambda: bool(self._queue) or self._closed)
-        if self._closed:
-            raise trio.ClosedResourceError("the QP was destroyed")
-        return self._queue.popleft()
-
-    async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
-        await self._link.call(
-            {"op": "attach", "handle": self.handle, "mgid": bytes(mgid).hex(), "mlid": mlid}
-        )
-
-    async def detach_mcast(self, mgid: bytes, mlid: int) -> None:
-        await self._link.call(
-            {"op": "detach", "handle": self.handle, "mgid": bytes(mgid).hex(), "mlid": mlid}
-        )
-
-    def close_local(self) -> None:
-        self._closed = True
-        self._queue.clear()
-        self._link.kick()
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self.close_local()
-        self._port.device.fabric.qps.pop(self.handle, None)
-        with contextlib.suppress(FabricError):
-            await self._link.call({"op": "close_qp", "handle": self.handle})
-
-
-class HubPort(Port):
-    def __init__(self, device: HubDevice, num: int, agent_id: int) -> None:
-        self.device = device
-        self._num = num
-        link = device.fabric.link
-        self.agent = UmadAgent(agent_id, wait_for=link.until_set)
-        self.last: PortAttributes | None = None
-
-    @property
-    def port_num(self) -> int:
-        return self._num
-
-    def down_attributes(self) -> PortAttributes:
-        last = self.last
-        if last is None:
-            return PortAttributes(self._num, PortState.DOWN, 0, 0, 0, 0, 0, 0, 0, 0, (), ())
-        return PortAttributes(
-            last.port_num,
-            PortState.DOWN,
-            last.lid,
-            last.lmc,
-            0,
-            last.sm_sl,
-            last.subnet_timeout,
-            last.active_mtu,
-            last.active_width,
-            last.active_speed,
-            last.gids,
-            last.pkeys,
-            last.link_layer,
-        )
-
-    async def query(self) -> PortAttributes:
-        fabric = self.device.fabric
-        fabric.check_open()
-        if fabric.link.lost is not None:
-            await trio.lowlevel.checkpoint()
-            return self.down_attributes()
-        try:
-            raw = await fabric.link.call(
-                {"op": "query", "device": self.device.index, "port": self._num}
-            )
-        except HubConnectionLost:
-            return self.down_attributes()
-        self.last = _attrs_from_dict(raw)
-        return self.last
-
-    async def sa_send(
-        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
-    ) -> bytes:
-        fabric = self.device.fabric
-        fabric.check_open()
-        link = fabric.link
-
-        async def transmit(wire: bytes) -> None:
-            call_id, call = link.new_call()
-            try:
-                data = hp.encode_sa_send(
-                    call_id,
-                    self.device.index,
-                    self._num,
-                    dest.sm_lid,
-                    dest.sm_sl,
-                    dest.pkey_index,
-                    wire,
-                )
-            except hp.HubProtocolError as exc:
-                link._calls.pop(call_id, None)
-                raise SaSendError(str(exc)) from exc
-            try:
-                await link.finish(call_id, call, data)
-            except HubConnectionLost as exc:
-                raise SaSendError(f"hub connection lost: {exc}") from exc
-
-        return await self.agent.send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
-
-    async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:
-        if recv_depth < 1:
-            raise FabricError(f"recv_depth must be >= 1, got {recv_depth}")
-        fabric = self.device.fabric
-        fabric.check_open()
-        try:
-            reply = await fabric.link.call(
-                {
-                    "op": "open_ud",
-                    "device": self.device.index,
-                    "port": self._num,
-                    "pkey_index": pkey_index,
-                }
-            )
-        except HubConnectionLost as exc:
-            raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
-        qp = HubUdQp(self, int(reply["handle"]), int(reply["qpn"]), recv_depth)
-        fabric.qps[qp.handle] = qp
-        return qp
-
-
-class HubDevice(Device):
-    def __init__(self, fabric: HubFabric, index: int, raw: dict[str, Any]) -> None:
-        self.fabric = fabric
-        self.index = index
-        self._name = str(raw["name"])
-        self._guid = int(raw["node_guid"])
-        self.ports = {
-            int(p["num"]): HubPort(self, int(p["num"]), int(p["agent"])) for p in raw["ports"]
-        }
-        self.events: deque[PortEvent] = deque()
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def node_guid(self) -> int:
-        return self._guid
-
-    @property
-    def phys_port_cnt(self) -> int:
-        return max(self.ports, default=0)
-
-    def port(self, port_num: int) -> Port:
-        try:
-            return self.ports[port_num]
-        except KeyError:
-            raise FabricError(f"{self._name} has no port {port_num}") from None
-
-    async def wait_event(self) -> PortEvent:
-        fabric = self.fabric
-        await fabric.link.until(lambda: bool(self.events) or fabric.closed)
-        if fabric.closed:
-            raise trio.ClosedResourceError("the fabric was closed")
-        return self.events.popleft()
-
-
-class HubFabric(Fabric):
-    """The Fabric of node ``node_name``, served by the hub at ``socket_path``."""
-
-    def __init__(self, socket_path: str | os.PathLike[str], node_name: str) -> None:
-        self.socket_path = os.fspath(socket_path)
-        self.node_name = node_name
-        self._link: _Link | None = None
-        self.devices: list[HubDevice] = []
-        self.qps: dict[int, HubUdQp] = {}
-        self.ip_events: deque[IpEvent] = deque()
-        self.closed = False
-
-    @property
-    def hostname(self) -> str:
-        return self.node_name
-
-    @property
-    def link(self) -> _Link:
-        if self._link is None:
-            raise FabricError("the hub fabric is not open (call open() first)")
-        return self._link
-
-    def check_open(self) -> None:
-        if self.closed:
-            raise FabricError(f"the fabric of {self.node_name} is closed")
-
-    async def open(self) -> Sequence[Device]:
-        self.check_open()
-        if self._link is not None:
-            await trio.lowlevel.checkpoint()
-            return list(self.devices)
-        try:
-            stream = await trio.open_unix_socket(self.socket_path)
-        except OSError as exc:
-            raise NoDevicesError(
-                f"cannot reach the simulator hub at {self.socket_path}: {exc}"
-            ) from exc
-        link = _Link(stream, self._on_frame)
-        link.on_lost = self._on_lost
-        self._link = link
-        try:
-            reply = await link.call(
-                {"op": "hello", "version": hp.PROTOCOL_VERSION, "node": self.node_name}
-            )
-        except FabricError as exc:
-            await trio.aclose_forcefully(stream)
-            self._link = None
-            raise NoDevicesError(f"simulator hub refused node {self.node_name!r}: {exc}") from exc
-        self.devices = [HubDevice(self, i, raw) for i, raw in enumerate(reply["devices"])]
-        if not self.devices:
-            raise NoDevicesError(f"node {self.node_name} has no InfiniBand device")
-        return list(self.devices)
-
-    def _on_frame(self, item: Frame) -> None:
-        if item.type == FrameType.UD_RECV:
-            handle, received = hp.decode_ud_recv(item.body)
-            qp = self.qps.get(handle)
-            if qp is not None:
-                qp.deliver(received)
-        elif item.type == FrameType.SA_RECV:
-            index, num, mad = hp.decode_sa_recv(item.body)
-            if 0 <= index < len(self.devices) and num in self.devices[index].ports:
-                self.devices[index].ports[num].agent.deliver(mad)
-        elif item.type == FrameType.EVENT:
-            index, num, kind = hp.decode_event(item.body)
-            if 0 <= index < len(self.devices):
-                self.devices[index].events.append(PortEvent(num, kind))
-        elif item.type == FrameType.IP_EVENT:
-            raw = hp.decode_json(item.body)
-            self.ip_events.append(IpEvent(bool(raw["added"]), _address_from_dict(raw)))
-
-    def _on_lost(self) -> None:
-        for device in self.devices:
-            for num in sorted(device.ports):
-                device.events.append(PortEvent(num, PortEventType.PORT_ERR))
-
-    async def interface_addresses(self) -> Sequence[InterfaceAddress]:
-        self.check_open()
-        raw = await self.link.call({"op": "addresses"})
-        return [_address_from_dict(entry) for entry in raw]
-
-    async def wait_ip_event(self) -> IpEvent:
-        link = self.link
-        await link.until(lambda: bool(self.ip_events) or self.closed)
-        if self.closed:
-            raise trio.ClosedResourceError("the fabric was closed")
-        return self.ip_events.popleft()
-
-    async def aclose(self) -> None:
-        if self.closed:
-            await trio.lowlevel.checkpoint()
-            return
-        self.closed = True
-        for qp in list(self.qps.values()):
-            qp.close_local()
-        self.qps.clear()
-        if self._link is not None:
-            self._link.lost = self._link.lost or "closed"
-            self._link.kick()
-            await trio.aclose_forcefully(self._link.stream)
-        else:
-            await trio.lowlevel.checkpoint()
-
-
-async def hub_call(socket_path: str | os.PathLike[str], request: dict[str, Any]) -> Any:
-    """One control request to a hub (``{"op": "faults", "set": {"loss": "0.1"}}`` ...)."""
-    try:
-        stream = await trio.open_unix_socket(os.fspath(socket_path))
-    except OSError as exc:
-        raise HubConnectionLost(f"cannot reach the simulator hub at {socket_path}: {exc}") from exc
-    async with stream:
-        link = _Link(stream, lambda item: None)
-        await link.call({"op": "hello", "version": hp.PROTOCOL_VERSION})
-        return await link.call(request)
-
-
-# == hub process ===========================================================================
+# -- the hub process ----------------------------------------------------------------------
 
 
 @dataclass
@@ -1080,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+__all__ = ["HubConnectionLost", "HubError", "HubFabric", "hub_call", "main", "serve_hub"]
+
 if __name__ == "__main__":
     sys.exit(main())
-
-__all__ = ["HubConnectionLost", "HubError", "HubFabric", "hub_call", "serve_hub"]

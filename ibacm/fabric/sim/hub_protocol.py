@@ -15,12 +15,21 @@ event code), IP_EVENT (JSON).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ibacm.fabric.api import AddressVector, PortEventType, ReceivedMad
+from ibacm.fabric.api import (
+    AddressVector,
+    InterfaceAddress,
+    LinkLayer,
+    PortAttributes,
+    PortEventType,
+    PortState,
+    ReceivedMad,
+)
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20
@@ -248,3 +257,65 @@ def decode_event(body: bytes) -> tuple[int, int, PortEventType]:
     if code >= len(EVENT_CODES):
         raise HubProtocolError(f"unknown event code {code}")
     return device, port, EVENT_CODES[code]
+
+
+# -- JSON bodies --------------------------------------------------------------------------
+
+
+def attrs_to_json(attrs: PortAttributes) -> dict[str, Any]:
+    """Port attributes as a JSON object (the ``query`` reply)."""
+    return {
+        "port_num": attrs.port_num,
+        "state": int(attrs.state),
+        "lid": attrs.lid,
+        "lmc": attrs.lmc,
+        "sm_lid": attrs.sm_lid,
+        "sm_sl": attrs.sm_sl,
+        "subnet_timeout": attrs.subnet_timeout,
+        "active_mtu": attrs.active_mtu,
+        "active_width": attrs.active_width,
+        "active_speed": attrs.active_speed,
+        "gids": [g.hex() for g in attrs.gids],
+        "pkeys": list(attrs.pkeys),
+        "link_layer": int(attrs.link_layer),
+    }
+
+
+def attrs_from_json(raw: dict[str, Any]) -> PortAttributes:
+    """The inverse of ``attrs_to_json``; KeyError/ValueError on a malformed object."""
+    return PortAttributes(
+        port_num=int(raw["port_num"]),
+        state=PortState(int(raw["state"])),
+        lid=int(raw["lid"]),
+        lmc=int(raw["lmc"]),
+        sm_lid=int(raw["sm_lid"]),
+        sm_sl=int(raw["sm_sl"]),
+        subnet_timeout=int(raw["subnet_timeout"]),
+        active_mtu=int(raw["active_mtu"]),
+        active_width=int(raw["active_width"]),
+        active_speed=int(raw["active_speed"]),
+        gids=tuple(bytes.fromhex(g) for g in raw["gids"]),
+        pkeys=tuple(int(p) for p in raw["pkeys"]),
+        link_layer=LinkLayer(int(raw["link_layer"])),
+    )
+
+
+def address_to_json(entry: InterfaceAddress) -> dict[str, Any]:
+    """An IPoIB address as a JSON object (``addresses`` reply, IP_EVENT frames)."""
+    return {
+        "ifname": entry.ifname,
+        "address": str(entry.address),
+        "prefixlen": entry.prefixlen,
+        "gid": entry.gid.hex(),
+        "pkey": entry.pkey,
+    }
+
+
+def address_from_json(raw: dict[str, Any]) -> InterfaceAddress:
+    return InterfaceAddress(
+        str(raw["ifname"]),
+        ipaddress.ip_address(raw["address"]),
+        int(raw["prefixlen"]),
+        bytes.fromhex(raw["gid"]),
+        int(raw["pkey"]),
+    )

@@ -238,8 +238,8 @@ def generate(
                     mtu=mtu,
                     pkeys=tuple(pkeys),
                     ifname=f"ib{k}",
-                    ipv4=(ipaddress.IPv4Interface(f"10.{k}.{i >> 8}.{i & 0xFF}/16"),),
-                    ipv6=(ipaddress.IPv6Interface(f"fd00:0:0:{k:x}::{i:x}/64"),),
+                    ipv4=(_ipv4(k, i),),
+                    ipv6=(_ipv6(k, i),),
                 )
                 next_lid += 1
                 hca.ports.append(port)
@@ -251,6 +251,20 @@ def generate(
         topo.hosts.append(host)
     topo.sm_guid = topo.hosts[0].hcas[0].ports[0].guid
     return topo.validate()
+
+
+_IPV4_BASE = int(ipaddress.IPv4Address("10.0.0.0"))
+_IPV6_BASE = int(ipaddress.IPv6Address("fd00::"))
+
+
+def _ipv4(k: int, i: int) -> ipaddress.IPv4Interface:
+    """10.<k>.<i // 256>.<i % 256>/16 (built from integers: parsing text is slow at scale)."""
+    return ipaddress.IPv4Interface((_IPV4_BASE | k << 16 | i, 16))
+
+
+def _ipv6(k: int, i: int) -> ipaddress.IPv6Interface:
+    """fd00:0:0:<k>::<i>/64."""
+    return ipaddress.IPv6Interface((_IPV6_BASE | k << 64 | i, 64))
 
 
 def _check_generate_args(
@@ -631,8 +645,8 @@ def _assign_addresses(topo: Topology) -> None:
                 if i > 65534 or k > 255:
                     raise TopologyError("too many hosts/ports for the 10.<k>.x.y/16 scheme")
                 port.ifname = f"ib{k}"
-                port.ipv4 = (ipaddress.IPv4Interface(f"10.{k}.{i >> 8}.{i & 0xFF}/16"),)
-                port.ipv6 = (ipaddress.IPv6Interface(f"fd00:0:0:{k:x}::{i:x}/64"),)
+                port.ipv4 = (_ipv4(k, i),)
+                port.ipv6 = (_ipv6(k, i),)
                 k += 1
 
 
@@ -678,7 +692,7 @@ def _validate(topo: Topology) -> None:
         names.add(switch.name)
         claim_guid(switch.guid, f"switch {switch.name}")
         claim_lids(switch.lid, switch.lmc, f"switch {switch.name}")
-    addresses: dict[str, str] = {}
+    addresses: dict[tuple[int, int], str] = {}
     for host in topo.hosts:
         if not host.name or any(c.isspace() or c == "/" for c in host.name):
             raise TopologyError(f"host name {host.name!r} is empty or has a space or '/'")
@@ -700,10 +714,10 @@ def _validate(topo: Topology) -> None:
                     *port.ipv6,
                 ]
                 for iface in ifaces:
-                    text = str(iface.ip)
-                    if text in addresses:
-                        raise TopologyError(f"{what}: address {text} also on {addresses[text]}")
-                    addresses[text] = what
+                    key = (iface.version, int(iface))  # cheaper than building .ip objects
+                    if key in addresses:
+                        raise TopologyError(f"{what}: address {iface.ip} also on {addresses[key]}")
+                    addresses[key] = what
     _validate_links(topo)
     if topo.sm_guid not in guids:
         raise TopologyError(f"SM port GUID 0x{topo.sm_guid:016x} is not in the topology")

@@ -1,0 +1,137 @@
+"""The destination cache: canonical keys, LRU bound, lifetimes, operations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+
+from ibacm.acmp.cache import (
+    GID,
+    IP,
+    LID,
+    NAME,
+    CacheKeyError,
+    DestCache,
+    EntryState,
+    Operation,
+    cache_key,
+    describe_key,
+    lid_key,
+)
+
+
+def test_name_keys_ignore_case_and_trailing_bytes() -> None:
+    a = cache_key(NAME, b"Node10")
+    b = cache_key(NAME, b"NODE10\0junk-after-the-terminator".ljust(64, b"\0"))
+    assert a == b == (NAME, b"node10".ljust(64, b"\0"))
+
+
+def test_keys_keep_only_significant_bytes() -> None:
+    ip = bytes([10, 0, 0, 1])
+    assert cache_key(IP, ip + b"\x99" * 60) == cache_key(IP, ip)
+    assert cache_key(LID, b"\x00\x05") == lid_key(5)
+    assert len(cache_key(GID, bytes(16))[1]) == 64
+
+
+@pytest.mark.parametrize(("kind", "address"), [(0, b"x"), (6, b"x"), (0x10, b"x"), (IP, bytes(65))])
+def test_bad_keys_are_refused(kind: int, address: bytes) -> None:
+    with pytest.raises(CacheKeyError):
+        cache_key(kind, address)
+
+
+def test_keys_describe_themselves() -> None:
+    assert describe_key(cache_key(IP, bytes([10, 1, 2, 3]))) == "10.1.2.3"
+    assert describe_key(lid_key(7)) == "lid 7"
+    assert describe_key(cache_key(NAME, b"node1")) == "node1"
+    assert describe_key(cache_key(GID, bytes.fromhex("fe80" + "00" * 14))) == "fe80::"
+
+
+def _key(i: int) -> tuple[int, bytes]:
+    return cache_key(IP, bytes([10, 0, 0, i]))
+
+
+def test_bound_evicts_the_least_recently_used_idle_entry() -> None:
+    cache = DestCache(max_entries=3)
+    entries = [cache.acquire(_key(i)) for i in range(3)]
+    cache.get(_key(0))  # node 0 is now the most recently used
+    entries[1].op = Operation()  # someone waits on node 1: never evicted
+    cache.acquire(_key(3))
+    assert cache.get(_key(2)) is None
+    assert cache.get(_key(0)) is entries[0] and cache.get(_key(1)) is entries[1]
+    assert cache.evicted == 1 and len(cache) == 3
+
+
+def test_bound_never_evicts_the_new_entry_or_loopback_entries() -> None:
+    cache = DestCache(max_entries=1)
+    local = cache.acquire(_key(9))
+    cache.put_loopback(local)
+    busy = cache.acquire(_key(1))
+    busy.reply_tid = 5
+    new = cache.acquire(_key(2))
+    assert cache.get(_key(2)) is new and cache.get(_key(9)) is local
+    assert len(list(cache.learned())) == 2  # over the bound only while busy
+
+
+def test_unbounded_cache_grows() -> None:
+    cache = DestCache(max_entries=0)
+    for i in range(200):
+        cache.acquire(cache_key(IP, i.to_bytes(4, "big")))
+    assert len(cache) == 200 and cache.evicted == 0
+
+
+def test_expiry_removes_addresses_and_demotes_routes() -> None:
+    cache = DestCache()
+    gone, demoted, forever = (cache.acquire(_key(i)) for i in range(3))
+    for entry in (gone, demoted, forever):
+        entry.state = EntryState.READY
+    cache.set_timeouts(gone, now=0.0, addr_lifetime=60.0, route_lifetime=math.inf)
+    cache.set_timeouts(demoted, now=0.0, addr_lifetime=600.0, route_lifetime=60.0)
+    cache.set_timeouts(forever, now=0.0, addr_lifetime=math.inf, route_lifetime=math.inf)
+    assert cache.next_deadline() == 60.0
+    assert cache.expire(59.0) == 0
+    assert cache.expire(60.0) == 2
+    assert cache.get(_key(0)) is None
+    assert demoted.state is EntryState.ADDR_RESOLVED
+    assert forever.state is EntryState.READY
+    assert cache.expire(1e9) == 1  # demoted's address lifetime ends too
+    assert cache.next_deadline() == math.inf
+
+
+def test_expiry_leaves_entries_being_resolved_alone() -> None:
+    cache = DestCache()
+    entry = cache.acquire(_key(1))
+    entry.state = EntryState.READY
+    cache.set_timeouts(entry, 0.0, 60.0, 60.0)
+    entry.op = Operation()
+    assert cache.expire(100.0) == 0
+    assert cache.get(_key(1)) is entry
+
+
+def test_extended_lifetimes_win_over_old_deadlines() -> None:
+    cache = DestCache()
+    entry = cache.acquire(_key(1))
+    entry.state = EntryState.READY
+    cache.set_timeouts(entry, 0.0, 60.0, math.inf)
+    cache.set_timeouts(entry, 50.0, 60.0, math.inf)
+    assert cache.expire(70.0) == 0
+    assert cache.expire(110.0) == 1
+
+
+@pytest.mark.trio
+async def test_an_operation_ends_once_for_every_waiter() -> None:
+    op = Operation()
+    seen: list[int] = []
+
+    async def wait() -> None:
+        await op.done.wait()
+        seen.append(op.status)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(wait)
+        await trio.sleep(0)
+        assert op.finish(6) is True
+        assert op.finish(0) is False
+    assert seen == [6, 6, 6]

@@ -1,0 +1,357 @@
+"""(b) The all-to-all storm: N nodes each resolving every other node (an MPI job start).
+
+    python -m tests.bench.storm [--nodes 256,1024] [--configs bulk,acm,c_baseline]
+    python -m tests.bench.storm --one 1024 bulk      # one point, in this process
+
+Everything runs in one process on a ``SimWorld`` under trio's autojump ``MockClock``: the
+simulated completion time comes from the mock clock, wall time and peak RSS are real. Each
+node is the real core (``Topology`` + ``Dispatcher``, no sockets) with the real ``ibacmp``
+provider; every resolution is a real 160-byte RESOLVE frame (``-f n -s nodeI -d nodeJ``)
+handed to the dispatcher, in ring order (node i asks i+1, i+2, ...), one at a time per node.
+
+Configurations:
+
+* ``bulk``: route_prot sa with ``route_bulk_preload yes`` (one PathRecord GetTable per
+  endpoint at start-up, RMPP-reassembled), so the storm itself needs no SA query;
+* ``acm``: route_prot acm (routes from the shared multicast group);
+* ``c_baseline``: what the C daemon does: route_prot sa, no bulk preload, sa_depth 1, one
+  PathRecord query per resolution.
+
+Each (N, configuration) runs in a fresh child process so that its peak RSS is its own.
+Targets at N = 1024: <= 1.05 N multicast requests, <= N SA PathRecord queries (bulk), <= 60 s
+wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+import trio.testing
+
+from ibacm.acmp.endpoint import AcmpEndpoint
+from ibacm.acmp.provider import AcmpProvider
+from ibacm.config.options import Options, ProviderLine, RouteProt
+from ibacm.core.dispatch import Dispatcher
+from ibacm.core.model import iter_endpoints
+from ibacm.core.services import DaemonServices
+from ibacm.core.topology import AddressFile
+from ibacm.core.topology import Topology as CoreTopology
+from ibacm.fabric.api import IpAddress
+from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.api import Counters
+from ibacm.provider.registry import ProviderEntry, ProviderSet
+from ibacm.tools.sim import addr_text
+from ibacm.wire.client import AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
+from ibacm.wire.path_record import PathRecord
+from tests.bench.common import (
+    BenchError,
+    current_rss_mb,
+    self_peak_rss_mb,
+    verdict,
+    write_results,
+)
+
+ACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+CONFIGS: dict[str, dict[str, Any]] = {
+    "bulk": {"route_prot": RouteProt.SA, "route_bulk_preload": True},
+    "acm": {"route_prot": RouteProt.ACM},
+    "c_baseline": {"route_prot": RouteProt.SA, "route_bulk_preload": False, "sa_depth": 1},
+}
+SA_CLASS, ACM_CLASS = 0x03, 0x2C
+ACM_REQUEST, ACM_RESPONSE = 0x01, 0x81
+SA_METHODS = {0x01: "Get", 0x02: "Set", 0x12: "GetTable", 0x15: "Delete"}
+SA_ATTRS = {0x35: "PathRecord", 0x38: "MCMemberRecord"}
+PATH_RECORD_ATTR = 0x35
+READY_TIMEOUT = 3600.0
+"""Simulated seconds the start-up may take (joins and bulk preloads through one SA)."""
+
+
+def quiet_logging() -> None:
+    """Warnings and errors only, as a daemon at log_level 0 (and no per-event cost)."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+async def _no_route(dest: IpAddress, scope_id: int) -> IpAddress:
+    raise OSError("no kernel route in the simulated fabric")
+
+
+@dataclass(eq=False)
+class StormNode:
+    name: str
+    topology: CoreTopology
+    dispatcher: Dispatcher
+    providers: ProviderSet
+
+    def endpoints(self) -> list[AcmpEndpoint]:
+        found = []
+        for endpoint in iter_endpoints(self.topology.devices):
+            if isinstance(endpoint.ctx, AcmpEndpoint):
+                found.append(endpoint.ctx)
+        return found
+
+
+def node_options(work: Path, name: str, config: dict[str, Any]) -> Options:
+    options = Options(
+        log_file="stderr",
+        lock_file=str(work / f"{name}.pid"),
+        run_dir=str(work),
+        providers=[ProviderLine("ibacmp", True, None, 1)],
+    )
+    for key, value in config.items():
+        setattr(options, key, value)
+    return options
+
+
+async def start_node(
+    world: SimWorld, work: Path, name: str, config: dict[str, Any], nursery: trio.Nursery
+) -> StormNode:
+    options = node_options(work, name, config)
+    addr_file = work / f"{name}.addr"
+    addr_file.write_text(addr_text(world.topology, name))
+    counters = Counters()
+    services = DaemonServices(options, counters, None)
+    providers = ProviderSet.create([ACMP], services, default="ibacmp")
+    await providers.start()
+    topology = CoreTopology(
+        world.fabric(name),
+        providers,
+        services,
+        AddressFile(str(addr_file), support_ips=options.support_ips_in_addr_cfg),
+    )
+    await nursery.start(topology.run)
+    return StormNode(name, topology, Dispatcher(topology.devices, counters, _no_route), providers)
+
+
+def request_frames(names: list[str]) -> list[bytes]:
+    """Per node, the 72-byte NAME entry as SOURCE and as DEST (frames are built by joining)."""
+    return [EpAddr.from_name(name).encode() for name in names]
+
+
+def resolve_frame(header: bytes, source: bytes, dest: bytes) -> bytes:
+    """A 160-byte RESOLVE: the header, then the SOURCE and DEST entries (flags patched)."""
+    return header + _flagged(source, EpFlag.SOURCE) + _flagged(dest, EpFlag.DEST)
+
+
+def _flagged(entry: bytes, flag: int) -> bytes:
+    return flag.to_bytes(4, "little") + entry[4:]
+
+
+def sa_requests(counters: Counter[tuple[int, int, int]]) -> dict[str, int]:
+    """SA MADs sent by the daemons (requests, not the SA's answers), by method and attribute."""
+    found: dict[str, int] = {}
+    for (mgmt_class, method, attr), count in sorted(counters.items()):
+        if mgmt_class != SA_CLASS or method & 0x80 or count <= 0:
+            continue
+        name = f"{SA_ATTRS.get(attr, hex(attr))} {SA_METHODS.get(method, hex(method))}"
+        found[name] = found.get(name, 0) + count
+    return found
+
+
+def path_queries(counters: Counter[tuple[int, int, int]]) -> int:
+    return sum(
+        count
+        for (mgmt_class, method, attr), count in counters.items()
+        if mgmt_class == SA_CLASS and attr == PATH_RECORD_ATTR and not method & 0x80
+    )
+
+
+async def wait_ready(nodes: list[StormNode], bulk: bool) -> None:
+    with trio.fail_after(READY_TIMEOUT):
+        while True:
+            endpoints = [ep for node in nodes for ep in node.endpoints()]
+            if len(endpoints) >= len(nodes) and all(ep.ready for ep in endpoints):
+                if not bulk or all(ep.bulk_by_gid for ep in endpoints):
+                    return
+            await trio.sleep(0.05)
+
+
+async def storm_point(nodes_count: int, config_name: str, work: Path) -> dict[str, Any]:
+    """One (N, configuration) point; runs inside ``trio.run`` with the mock clock."""
+    config = CONFIGS[config_name]
+    world = SimWorld(generate(nodes_count))
+    names = world.node_names
+    wall0 = time.perf_counter()
+    rss0 = current_rss_mb()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(world.run)
+        nodes = [await start_node(world, work, name, config, nursery) for name in names]
+        sim0 = trio.current_time()
+        await wait_ready(nodes, bool(config.get("route_bulk_preload")))
+        startup = {
+            "simulated_s": round(trio.current_time() - sim0, 3),
+            "wall_s": round(time.perf_counter() - wall0, 2),
+            "sa_requests": sa_requests(world.counters),
+            "rss_mb": round(current_rss_mb() - rss0, 1),
+        }
+        before = Counter(world.counters)
+        entries_before = sum(len(ep.cache) for node in nodes for ep in node.endpoints())
+        rss_before = current_rss_mb()
+        outcome: Counter[int] = Counter()
+        wrong_paths = 0
+        entries = request_frames(names)
+        header = AcmHdr(opcode=AcmOp.RESOLVE, length=160).encode()
+        lids = {name: world.node(name).lids[0] for name in names}
+
+        async def one_node(index: int) -> None:
+            nonlocal wrong_paths
+            node = nodes[index]
+            for step in range(1, nodes_count):
+                target = (index + step) % nodes_count
+                frame = resolve_frame(header, entries[index], entries[target])
+                reply = await node.dispatcher.handle(frame, "storm")
+                outcome[reply[2]] += 1
+                if reply[2] == 0 and int(reply[20]) == AddrType.PATH:
+                    path = PathRecord.decode(reply[24:88])
+                    if path.dlid != lids[names[target]]:
+                        wrong_paths += 1
+
+        sim1 = trio.current_time()
+        wall1 = time.perf_counter()
+        async with trio.open_nursery() as storm:
+            for index in range(nodes_count):
+                storm.start_soon(one_node, index)
+        storm_wall = time.perf_counter() - wall1
+        storm_sim = trio.current_time() - sim1
+        during = Counter(world.counters)
+        during.subtract(before)
+        entries_after = sum(len(ep.cache) for node in nodes for ep in node.endpoints())
+        rss_after = current_rss_mb()
+        for node in nodes:
+            await node.topology.close()
+        nursery.cancel_scope.cancel()
+    resolutions = nodes_count * (nodes_count - 1)
+    new_entries = entries_after - entries_before
+    figures: dict[str, Any] = {
+        "nodes": nodes_count,
+        "config": config_name,
+        "options": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in config.items()},
+        "resolutions": resolutions,
+        "succeeded": outcome.get(0, 0),
+        "statuses": {str(k): v for k, v in sorted(outcome.items())},
+        "wrong_paths": wrong_paths,
+        "multicast_requests": during.get((ACM_CLASS, ACM_REQUEST, 0), 0),
+        "unicast_replies": during.get((ACM_CLASS, ACM_RESPONSE, 0), 0),
+        "sa_requests": sa_requests(during),
+        "sa_path_queries": path_queries(during),
+        "sa_path_queries_incl_startup": path_queries(world.counters),
+        "simulated_completion_s": round(storm_sim, 6),
+        "wall_s": round(storm_wall, 2),
+        "wall_per_resolution_us": round(storm_wall / resolutions * 1e6, 1),
+        "startup": startup,
+        "cache_entries": entries_after,
+        "cache_entries_added": new_entries,
+        "bytes_per_cache_entry": (
+            round((rss_after - rss_before) * 1024 * 1024 / new_entries) if new_entries > 0 else None
+        ),
+        "peak_rss_mb": round(self_peak_rss_mb(), 1),
+        "world_stats": dict(world.stats),
+    }
+    return figures
+
+
+def run_one(nodes_count: int, config_name: str) -> dict[str, Any]:
+    quiet_logging()
+    with tempfile.TemporaryDirectory(prefix="ibacm-storm-") as tmp:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        return trio.run(storm_point, nodes_count, config_name, Path(tmp), clock=clock)
+
+
+def run_child(nodes_count: int, config_name: str, timeout: float) -> dict[str, Any]:
+    """One point in a fresh interpreter (its own peak RSS)."""
+    command = [sys.executable, "-m", "tests.bench.storm", "--one", str(nodes_count), config_name]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"nodes": nodes_count, "config": config_name, "error": f"timeout {timeout:g}s"}
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        return {"nodes": nodes_count, "config": config_name, "error": tail}
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["process_wall_s"] = round(time.perf_counter() - started, 1)
+    return figures
+
+
+def print_point(figures: dict[str, Any]) -> None:
+    if "error" in figures:
+        print(f"N={figures['nodes']:5} {figures['config']:10} FAILED: {figures['error']}")
+        return
+    print(
+        f"N={figures['nodes']:5} {figures['config']:10} ok {figures['succeeded']}/"
+        f"{figures['resolutions']}  mcast {figures['multicast_requests']}  "
+        f"ucast {figures['unicast_replies']}  SA PR {figures['sa_path_queries']} "
+        f"(+startup {figures['sa_path_queries_incl_startup'] - figures['sa_path_queries']})  "
+        f"sim {figures['simulated_completion_s']}s  wall {figures['wall_s']}s  "
+        f"peak RSS {figures['peak_rss_mb']} MB  {figures['bytes_per_cache_entry']} B/entry"
+    )
+
+
+def targets(points: list[dict[str, Any]]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for figures in points:
+        if figures.get("nodes") != 1024 or "error" in figures:
+            continue
+        n = figures["nodes"]
+        config = figures["config"]
+        found[f"{config}: multicast requests <= 1.05N"] = verdict(
+            figures["multicast_requests"] <= 1.05 * n
+        )
+        found[f"{config}: wall <= 60 s"] = verdict(figures["wall_s"] <= 60)
+        found[f"{config}: all resolved"] = verdict(figures["succeeded"] == figures["resolutions"])
+        if config == "bulk":
+            found["bulk: SA PathRecord queries <= N (incl. start-up GetTables)"] = verdict(
+                figures["sa_path_queries_incl_startup"] <= n
+            )
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--one", nargs=2, metavar=("N", "CONFIG"), help="one point, here")
+    default_nodes = "256,1024,4096" if os.environ.get("BENCH_FULL") == "1" else "256,1024"
+    parser.add_argument("--nodes", default=default_nodes)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per point")
+    args = parser.parse_args(argv)
+    if args.one:
+        count, config = int(args.one[0]), args.one[1]
+        if config not in CONFIGS:
+            raise BenchError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
+        print(json.dumps(run_one(count, config)))
+        return 0
+    points = []
+    for count in (int(part) for part in args.nodes.split(",") if part.strip()):
+        for config in (part.strip() for part in args.configs.split(",") if part.strip()):
+            figures = run_child(count, config, args.timeout)
+            print_point(figures)
+            points.append(figures)
+    found = targets(points)
+    for target, outcome in found.items():
+        print(f"target {target}: {outcome}")
+    write_results("storm", {"points": points, "targets": found})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,262 @@
+"""(a) Cached RESOLVE throughput and latency over the unix socket, against a C floor.
+
+    python -m tests.bench.throughput [--seconds S] [--clients 1,16,64] [--profile]
+
+Both servers are measured in the same run with the same closed-loop load generator
+(``loadgen.c``: C, epoll, connections spread over processes):
+
+* the floor: ``c_responder.c``, a minimal single-threaded epoll server of the same framing
+  answering every RESOLVE with a fixed 88-byte reply;
+* ours: a real ``ibacm`` (this venv's) on a 2-node simulated fabric (``ibacm-sim up``), the
+  destination resolved once first so every measured request is a cache hit.
+
+The request is what ``ib_acme -f n -s node1 -d node2`` sends (160 bytes, two NAME entries);
+both answers are 88 bytes. Besides requests per second and latency percentiles it reports the
+server's CPU time per request (from /proc), which does not depend on how the two cores are
+shared with the load generator. ``--profile`` runs the daemon under cProfile instead (slower)
+and prints where its time goes.
+
+Targets: >= 0.35x the C responder's throughput at 64 clients, 1-client p50 <= 3x its p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pstats
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ibacm.wire.client import AcmHdr, AcmMessage, AcmOp, AddrType, EpAddr, EpFlag
+from tests.bench.common import (
+    BENCH_DIR,
+    RESULTS_DIR,
+    VENV_BIN,
+    BenchError,
+    bench_env,
+    gcc_build,
+    proc_rss_mb,
+    ratio,
+    verdict,
+    write_results,
+)
+
+TARGET_RATIO_64 = 0.35
+TARGET_P50_FACTOR = 3.0
+
+
+def resolve_request(source: str = "node1", dest: str = "node2") -> bytes:
+    """The bytes of ``ib_acme -f n -s SOURCE -d DEST`` (160 bytes)."""
+    message = AcmMessage(
+        hdr=AcmHdr(opcode=AcmOp.RESOLVE),
+        entries=[EpAddr.from_name(source, EpFlag.SOURCE), EpAddr.from_name(dest, EpFlag.DEST)],
+    )
+    return message.encode()
+
+
+def exchange_once(path: str, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send one request and read its whole reply (used to fill the cache)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(request)
+        reply = b""
+        while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
+            chunk = sock.recv(592)
+            if not chunk:
+                raise BenchError(f"{path} closed the connection before answering")
+            reply += chunk
+    return reply
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def run_load(
+    loadgen: Path, sock: str, request_file: Path, clients: int, seconds: float, server_pid: int
+) -> dict[str, Any]:
+    """One closed-loop run; adds the server's CPU microseconds per request."""
+    procs = min(clients, os.cpu_count() or 1)
+    warmup = min(0.5, seconds / 4)
+    before = cpu_seconds(server_pid)
+    done = subprocess.run(
+        [str(loadgen), sock, str(request_file), str(clients), str(seconds), str(warmup), str(procs)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=seconds + warmup + 60,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"load generator failed: {done.stderr.strip()}")
+    figures: dict[str, Any] = json.loads(done.stdout)
+    spent = cpu_seconds(server_pid) - before
+    # The whole run (warm-up included) sent about rps x (seconds + warmup) requests.
+    sent = figures["rps"] * (seconds + warmup)
+    figures["server_cpu_us_per_request"] = round(spent / sent * 1e6, 2) if sent else None
+    return figures
+
+
+@contextlib.contextmanager
+def c_responder(binary: Path, work: Path) -> Iterator[tuple[str, int]]:
+    path = str(work / "c.sock")
+    proc = subprocess.Popen([str(binary), path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise BenchError("the C responder did not start")
+        yield path, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _daemon_cmd(profile_out: Path | None) -> str:
+    if profile_out is None:
+        return str(VENV_BIN / "ibacm")
+    return f"{VENV_BIN / 'python'} -m tests.bench.profiled_daemon {profile_out}"
+
+
+@contextlib.contextmanager
+def sim_cluster(work: Path, profile_out: Path | None) -> Iterator[tuple[str, int]]:
+    """A 2-node simulated cluster of real daemons; yields node1's socket and daemon pid."""
+    sim_dir = work / "sim"
+    env = bench_env()
+    up = [
+        str(VENV_BIN / "ibacm-sim"),
+        "up",
+        "--nodes",
+        "2",
+        "--dir",
+        str(sim_dir),
+        "--log-level",
+        "0",
+        "--daemon-cmd",
+        _daemon_cmd(profile_out),
+    ]
+    done = subprocess.run(up, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"ibacm-sim up failed:\n{done.stdout}{done.stderr}")
+    try:
+        pids = json.loads((sim_dir / "pids.json").read_text())
+        yield str(sim_dir / "node1" / "ibacm-unix.sock"), int(pids["nodes"]["node1"])
+    finally:
+        subprocess.run(
+            [str(VENV_BIN / "ibacm-sim"), "down", "--dir", str(sim_dir)],
+            capture_output=True,
+            env=env,
+            check=False,
+        )
+
+
+def measure(
+    binary_dir: Path, work: Path, clients: list[int], seconds: float, profile: bool
+) -> dict[str, Any]:
+    responder = gcc_build(BENCH_DIR / "c_responder.c", binary_dir)
+    loadgen = gcc_build(BENCH_DIR / "loadgen.c", binary_dir)
+    request = resolve_request()
+    request_file = work / "request.bin"
+    request_file.write_bytes(request)
+    results: dict[str, Any] = {"c_responder": {}, "ibacm": {}}
+
+    with c_responder(responder, work) as (sock, pid):
+        reply = exchange_once(sock, request)
+        results["c_reply_bytes"] = len(reply)
+        for count in clients:
+            figures = run_load(loadgen, sock, request_file, count, seconds, pid)
+            results["c_responder"][str(count)] = figures
+            _print_point("C responder", figures)
+
+    profile_out = RESULTS_DIR / "profiles" if profile else None
+    with sim_cluster(work, profile_out) as (sock, pid):
+        reply = exchange_once(sock, request)
+        if reply[2] != 0 or AddrType(int.from_bytes(reply[20:22], "little")) != AddrType.PATH:
+            raise BenchError(f"the daemon did not resolve node2: status {reply[2]}")
+        results["ibacm_reply_bytes"] = len(reply)
+        for count in clients:
+            figures = run_load(loadgen, sock, request_file, count, seconds, pid)
+            results["ibacm"][str(count)] = figures
+            _print_point("ibacm", figures)
+        results["ibacm_rss_mb"] = proc_rss_mb(pid)
+    if profile_out is not None:
+        _print_profile(profile_out / "node1.prof")
+    return results
+
+
+def _print_point(who: str, figures: dict[str, Any]) -> None:
+    print(
+        f"{who:12} clients={figures['clients']:3} {figures['rps']:10.0f} req/s  "
+        f"p50 {figures['p50_us']:8.1f} us  p99 {figures['p99_us']:9.1f} us  "
+        f"server CPU {figures['server_cpu_us_per_request']} us/req  errors {figures['errors']}"
+    )
+
+
+def _print_profile(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not path.exists():
+        print("(no profile written)")
+        return
+    stats = pstats.Stats(str(path))
+    stats.sort_stats("tottime").print_stats(30)
+
+
+def summarize(results: dict[str, Any], clients: list[int]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for count in clients:
+        ours, floor = results["ibacm"][str(count)], results["c_responder"][str(count)]
+        summary[str(count)] = {
+            "throughput_ratio": ratio(ours["rps"], floor["rps"]),
+            "p50_factor": ratio(ours["p50_us"], floor["p50_us"]),
+            "cpu_per_request_factor": ratio(
+                ours["server_cpu_us_per_request"] or 0, floor["server_cpu_us_per_request"] or 0
+            ),
+        }
+    targets: dict[str, Any] = {}
+    if "64" in summary:
+        value = summary["64"]["throughput_ratio"]
+        targets["throughput_64_ratio>=0.35"] = verdict(value is not None and value >= 0.35)
+    if "1" in summary:
+        value = summary["1"]["p50_factor"]
+        targets["p50_1_client<=3x"] = verdict(value is not None and value <= TARGET_P50_FACTOR)
+    return {"ratios": summary, "targets": targets}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", 3)))
+    parser.add_argument("--clients", default="1,16,64", help="comma-separated client counts")
+    parser.add_argument("--profile", action="store_true", help="profile the daemon (cProfile)")
+    args = parser.parse_args(argv)
+    clients = [int(part) for part in args.clients.split(",") if part.strip()]
+    with tempfile.TemporaryDirectory(prefix="ibacm-bench-") as tmp:
+        work = Path(tmp)
+        results = measure(work, work, clients, args.seconds, args.profile)
+    summary = summarize(results, clients)
+    for count, values in summary["ratios"].items():
+        print(
+            f"clients={count:>3}: throughput {values['throughput_ratio']}x the C responder, "
+            f"p50 {values['p50_factor']}x, server CPU per request {values['cpu_per_request_factor']}x"
+        )
+    for target, outcome in summary["targets"].items():
+        print(f"target {target}: {outcome}")
+    write_results(
+        "throughput_profiled" if args.profile else "throughput",
+        {"seconds_per_point": args.seconds, "request_bytes": 160, **results, **summary},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
