@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import enum
 import heapq
+import ipaddress
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -37,6 +38,7 @@ ADDRESS_LEN = 64
 # Address types of the peer protocol (ACM_ADDRESS_*), and how many bytes of each are significant.
 NAME, IP, IP6, GID, LID = 1, 2, 3, 4, 5
 SIGNIFICANT: dict[int, int] = {NAME: ADDRESS_LEN, IP: 4, IP6: 16, GID: 16, LID: 2}
+TYPE_NAMES: dict[int, str] = {NAME: "name", IP: "ip", IP6: "ip6", GID: "gid", LID: "lid"}
 
 CacheKey = tuple[int, bytes]
 """(address type, canonical 64-byte address)."""
@@ -76,8 +78,6 @@ def describe_key(key: CacheKey) -> str:
         if addr_type == IP:
             return ".".join(str(octet) for octet in address[:4])
         if addr_type in (IP6, GID):
-            import ipaddress
-
             return str(ipaddress.IPv6Address(address[:16]))
         if addr_type == LID:
             return f"lid {int.from_bytes(address[:2], 'big')}"
@@ -161,6 +161,7 @@ class DestEntry:
     __slots__ = (
         "addr_expiry",
         "av",
+        "hits",
         "key",
         "loopback",
         "mgid",
@@ -169,6 +170,7 @@ class DestEntry:
         "peer_lid",
         "preloaded",
         "query",
+        "ready_at",
         "remote_qpn",
         "reply_tid",
         "route_expiry",
@@ -197,6 +199,10 @@ class DestEntry:
         """Set by the resolution task while it waits for the peer; poked when data arrives."""
         self.loopback = False
         self.preloaded = False
+        self.hits = 0
+        """Requests answered straight from this entry."""
+        self.ready_at = math.nan
+        """When the entry last became READY (trio clock)."""
 
     @property
     def addr_type(self) -> int:
@@ -225,24 +231,37 @@ class DestEntry:
         self.route_expiry = math.inf
         self.preloaded = False
 
-    def describe(self) -> dict[str, object]:
+    def describe(self, now: float) -> dict[str, Any]:
+        """The entry as the admin protocol shows it (docs/admin-protocol.md)."""
+        path = self.path
+        age = now - self.ready_at
         return {
-            "address": describe_key(self.key),
-            "type": self.addr_type,
+            "dest": describe_key(self.key),
+            "type": TYPE_NAMES.get(self.addr_type, str(self.addr_type)),
             "state": self.state.name,
+            "age": None if math.isnan(age) else round(age, 3),
+            "hits": self.hits,
+            "dlid": path.dlid if path is not None else None,
+            "sl": path.sl if path is not None else None,
+            "mtu": path.mtu if path is not None else None,
+            "rate": path.rate if path is not None else None,
             "remote_qpn": self.remote_qpn,
-            "dlid": self.path.dlid if self.path is not None else None,
             "loopback": self.loopback,
             "pending": self.op is not None,
         }
 
 
+Listener = Callable[[DestEntry, bool], None]
+"""Told about changes the cache makes by itself: (entry, removed)."""
+
+
 class DestCache:
     """The entries of one endpoint (see the module docstring)."""
 
-    def __init__(self, max_entries: int = 0) -> None:
+    def __init__(self, max_entries: int = 0, listener: Listener | None = None) -> None:
         self.max_entries = max_entries
         """0 = unbounded (as C)."""
+        self.listener = listener
         self._loopback: dict[CacheKey, DestEntry] = {}
         self._entries: OrderedDict[CacheKey, DestEntry] = OrderedDict()
         self._deadlines: list[tuple[float, int, DestEntry]] = []
@@ -290,14 +309,20 @@ class DestCache:
         entry = self._loopback.pop(key, None)
         if entry is None:
             entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._tell(entry, True)
         return entry
 
     def clear_learned(self) -> int:
         """Drop every learned entry nobody waits on; returns how many were dropped."""
         idle = [key for key, entry in self._entries.items() if not entry.busy]
         for key in idle:
-            del self._entries[key]
+            self._tell(self._entries.pop(key), True)
         return len(idle)
+
+    def _tell(self, entry: DestEntry, removed: bool) -> None:
+        if self.listener is not None:
+            self.listener(entry, removed)
 
     # -- timeouts -------------------------------------------------------------------------
 
@@ -336,9 +361,11 @@ class DestCache:
                 del self._entries[entry.key]
                 self.expired += 1
                 changed += 1
+                self._tell(entry, True)
             elif entry.route_expiry <= now and entry.state == EntryState.READY:
                 entry.state = EntryState.ADDR_RESOLVED
                 changed += 1
+                self._tell(entry, False)
         return changed
 
     # -- bound ----------------------------------------------------------------------------
@@ -356,3 +383,4 @@ class DestCache:
                 continue
             del self._entries[key]
             self.evicted += 1
+            self._tell(entry, True)

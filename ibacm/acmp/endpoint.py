@@ -14,6 +14,7 @@ for the reopened endpoint unless the port's LID or GID changed.
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -205,6 +206,7 @@ class AcmpEndpoint:
         self._join_scope: trio.CancelScope | None = None
         self.resolver = Resolver(self)
         self.protocol = PeerProtocol(self)
+        cache.listener = self._cache_changed
 
     # -- identity -------------------------------------------------------------------------
 
@@ -278,7 +280,7 @@ class AcmpEndpoint:
         """Stop everything; parked requests end with DOWN_STATUS."""
         if self.state is EndpointState.CLOSED:
             return
-        self.state = EndpointState.CLOSED
+        self.set_state(EndpointState.CLOSED)
         if self.scope is not None:
             self.scope.cancel()
         # Tasks that never got to run still leave operations behind: end them here.
@@ -357,10 +359,9 @@ class AcmpEndpoint:
             mlid=group.mlid,
             pkey=f"0x{self.pkey:04x}",
         )
-        self.core.publish("acmp.group", {"endpoint": self.name, **group.describe()})
+        self.core.publish("group", {"endpoint": self.name, **group.describe()})
         if group.index == 0 and self.state is EndpointState.INIT:
-            self.state = EndpointState.READY
-            self.core.publish("acmp.endpoint", {"endpoint": self.name, "state": "ready"})
+            self.set_state(EndpointState.READY)
 
     async def rejoin(self) -> None:
         """Client reregister: the SA forgot our groups; join them again.
@@ -377,9 +378,25 @@ class AcmpEndpoint:
                 log.debug("detach failed", error=str(exc))
         for group in self.groups:
             group.reset()
+            self.core.publish("group", {"endpoint": self.name, **group.describe()})
         self.joined.clear()
-        self.state = EndpointState.INIT
+        self.set_state(EndpointState.INIT)
         self.start_joins()
+
+    def set_state(self, state: EndpointState) -> None:
+        self.state = state
+        self.core.publish("endpoint", {"id": self.name, "state": state.value})
+
+    def publish_entry(self, entry: DestEntry, removed: bool = False) -> None:
+        """Tell admin subscribers about a cache entry that changed."""
+        data = entry.describe(trio.current_time())
+        data["endpoint"] = self.name
+        if removed:
+            data["removed"] = True
+        self.core.publish("cache", data)
+
+    def _cache_changed(self, entry: DestEntry, removed: bool) -> None:
+        self.publish_entry(entry, removed)
 
     @property
     def name(self) -> str:
@@ -410,6 +427,7 @@ class AcmpEndpoint:
         entry.state = EntryState.READY
         entry.path = self.loopback_route()
         entry.av = av_from_path(entry.path, 0, port.lid_mask)
+        entry.ready_at = trio.current_time()
         entry.remote_qpn = self.qpn
         entry.peer_lid = port.lid
         return entry
@@ -510,12 +528,15 @@ class AcmpEndpoint:
     # -- observability --------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
+        """State for the admin snapshot (docs/admin-protocol.md); the cache list is capped."""
+        now = trio.current_time()
         return {
-            "name": self.name,
+            "id": self.name,
             "state": self.state.value,
             "pkey": self.pkey,
             "qpn": self.qpn,
             "groups": [group.describe() for group in self.groups],
+            "cache": [entry.describe(now) for entry in itertools.islice(self.cache, 1024)],
             "cache_entries": len(self.cache),
             "cache_evicted": self.cache.evicted,
             "cache_expired": self.cache.expired,
@@ -523,5 +544,4 @@ class AcmpEndpoint:
             "bulk_routes": len(self.bulk_by_gid),
             "counters": self.counters.snapshot(),
             "stats": self.stats.as_dict(),
-            "entries": [entry.describe() for entry in list(self.cache)[:256]],
         }

@@ -107,6 +107,7 @@ def restore(
         target = cache.acquire(entry.key)
         for name in ("path", "av", "mgid", "remote_qpn", "peer_lid", "query", "state"):
             setattr(target, name, getattr(entry, name))
+        target.ready_at = now
         cache.set_timeouts(target, now, entry.addr_expiry - now, entry.route_expiry - now)
         restored += 1
     return restored

@@ -102,6 +102,7 @@ def preload_routes(endpoint: AcmpEndpoint, dump: RouteDump) -> int:
             entry.av = av_from_path(path, port.sgid_index(own_gid), port.lid_mask)
             entry.peer_lid = route.dlid
             entry.state = EntryState.READY
+            entry.ready_at = now
             entry.preloaded = True
             options = endpoint.options
             endpoint.cache.set_timeouts(
@@ -138,6 +139,7 @@ def preload_hosts(endpoint: AcmpEndpoint, hosts: Iterable[HostEntry]) -> int:
             entry.av = routed.av
             entry.peer_lid = routed.peer_lid
             entry.state = EntryState.READY
+            entry.ready_at = now
         else:
             entry.state = EntryState.ADDR_RESOLVED
         endpoint.cache.set_timeouts(entry, now, options.addr_lifetime, options.route_lifetime)

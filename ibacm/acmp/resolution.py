@@ -111,6 +111,7 @@ class Resolver:
         log.debug("resolve", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
+            entry.hits += 1
             return AcmStatus.SUCCESS, entry.path
         op = entry.op
         if op is None:
@@ -135,6 +136,7 @@ class Resolver:
         log.debug("resolve path", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
+            entry.hits += 1
             return AcmStatus.SUCCESS, entry.path
         op = entry.op
         if op is None:
@@ -215,6 +217,7 @@ class Resolver:
                 self.ep.protocol.send_response(entry, tid, status)
         if not ready and entry.state is not EntryState.READY:
             entry.forget()
+            self.ep.publish_entry(entry)
         entry.wake = None
         if entry.op is op:
             entry.op = None
@@ -330,8 +333,9 @@ class Resolver:
         if not entry.peer_lid:
             entry.peer_lid = path.dlid
         entry.state = EntryState.READY
+        now = trio.current_time()
+        entry.ready_at = now
         options = ep.options
-        ep.cache.set_timeouts(
-            entry, trio.current_time(), options.addr_lifetime, options.route_lifetime
-        )
+        ep.cache.set_timeouts(entry, now, options.addr_lifetime, options.route_lifetime)
+        ep.publish_entry(entry)
         entry.poke()

@@ -195,9 +195,6 @@ def serve(
         )
         for issue in issues:
             log.warning("option file", problem=str(issue))
-        if inherited.netlink is not None:
-            # The kernel local SA service (RDMA_NL_LS) comes later; hold the socket meanwhile.
-            log.info("inherited netlink socket kept; kernel path service not served yet")
         try:
             fabric = make_fabric(args)
         except (FabricError, OSError, ValueError) as exc:
@@ -210,6 +207,7 @@ def serve(
             opts_file=args.opts_file,
             addr_file=args.addr_file,
             inherited_stream=inherited.stream,
+            inherited_netlink=inherited.netlink,
             systemd=args.systemd,
             run_dir=args.run_dir,
             log_control=log_control,

@@ -124,7 +124,8 @@ class Connection:
                 framer.feed(data)
                 while (frame := framer.next_frame()) is not None:
                     del unframed[: len(frame)]
-                    self._submit(nursery, frame)
+                    if not self._submit(nursery, frame):
+                        return
             except FramingError as exc:
                 self._protocol_error(exc, bytes(unframed[:HDR_LEN]))
                 return
@@ -147,27 +148,29 @@ class Connection:
             return False
         return True
 
-    def _submit(self, nursery: trio.Nursery, frame: bytes) -> None:
+    def _submit(self, nursery: trio.Nursery, frame: bytes) -> bool:
+        """Queue the request's reply; False when the connection must read no further."""
         reply = _Reply()
         if not self._queue(reply):
-            return
+            return False
         self.requests += 1
         try:
             data = self.dispatcher.answer_now(frame)
         except Exception:
+            # C closes a connection whose handler fails; nobody else notices.
             log.exception("request failed; closing the connection", client=self.name)
             reply.set(None)
-            return
+            return False
         if data is not None:
             reply.set(data)
         else:
             nursery.start_soon(self._resolve, frame, reply)
+        return True
 
     async def _resolve(self, frame: bytes, reply: _Reply) -> None:
         try:
             data: bytes | None = await self.dispatcher.resolve(frame, self.name)
         except Exception:
-            # C closes a connection whose handler fails; nobody else notices.
             log.exception("request failed; closing the connection", client=self.name)
             data = None
         reply.set(data)

@@ -39,6 +39,7 @@ from ibacm.core.events import EventBus
 from ibacm.core.listeners import ClientListeners, ListenerError, open_client_listeners
 from ibacm.core.logging import CONFIG_LOGGER, LogControl, python_level
 from ibacm.core.model import EndpointState, find_endpoint, iter_endpoints
+from ibacm.core.netlink_ls import LsService, open_ls_socket, serve_netlink
 from ibacm.core.services import DaemonServices
 from ibacm.core.srcaddr import Probe, kernel_probe
 from ibacm.core.systemd import Notifier
@@ -122,6 +123,8 @@ class Daemon:
         addr_file: str = DEFAULT_ADDR_FILE,
         providers: Sequence[ProviderEntry] | None = None,
         inherited_stream: socket.socket | None = None,
+        inherited_netlink: socket.socket | None = None,
+        kernel_service: bool = True,
         systemd: bool = False,
         run_dir: str | None = None,
         log_control: LogControl | None = None,
@@ -137,6 +140,9 @@ class Daemon:
         self.run_dir = run_dir
         self.options = self._with_overrides(options)
         self.inherited_stream = inherited_stream
+        self.inherited_netlink = inherited_netlink
+        self.kernel_service = kernel_service
+        self.ls_service: LsService | None = None
         self.log_control = log_control
         self.notifier = notifier or Notifier(None)
         self.handle_signals = handle_signals
@@ -197,6 +203,9 @@ class Daemon:
         await self._load_providers()
         try:
             async with _startup_errors_unwrapped(), trio.open_nursery() as root:
+                if self.handle_signals:
+                    # First, so a SIGTERM during start-up still ends in a clean stop.
+                    await root.start(self._signals)
                 await root.start(self.topology.run)
                 self.listeners = await open_client_listeners(
                     self.paths,
@@ -209,8 +218,8 @@ class Daemon:
                 log.info("serving clients", on=self.listeners.addresses)
                 if self.admin:
                     await self._start_admin(root)
-                if self.handle_signals:
-                    await root.start(self._signals)
+                if self.kernel_service or self.inherited_netlink is not None:
+                    await self._start_kernel_service(root)
                 self.ready.set()
                 await self.notifier.ready(f"serving {', '.join(self.listeners.addresses)}")
                 task_status.started(self)
@@ -245,6 +254,20 @@ class Daemon:
             self.admin_path = await root.start(serve_admin, path, self, self.bus)
         except AdminSocketError as exc:
             log.error("admin socket disabled", error=str(exc))
+
+    async def _start_kernel_service(self, root: trio.Nursery) -> None:
+        """Serve the kernel's local SA requests (RDMA_NL_LS) when the kernel has them."""
+        try:
+            sock = open_ls_socket(self.inherited_netlink)
+        except OSError as exc:
+            # No NETLINK_RDMA in this kernel (or no permission): the kernel asks the SA itself.
+            log.warning("kernel local SA service unavailable", error=str(exc))
+            return
+        self.ls_service = LsService(
+            self.dispatcher.kernel_path, resolve_ip=self.dispatcher.kernel_ip
+        )
+        await root.start(serve_netlink, sock, self.ls_service)
+        log.info("serving the kernel local SA service")
 
     async def _signals(self, *, task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:

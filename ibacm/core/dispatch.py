@@ -70,6 +70,7 @@ from ibacm.wire.client import (
     is_address_type,
 )
 from ibacm.wire.errors import WireError
+from ibacm.wire.path_record import PathRecord
 
 log = structlog.get_logger("ibacm.dispatch")
 
@@ -221,6 +222,13 @@ class Dispatcher:
         return reply
 
     async def resolve_address(self, message: AcmMessage, client: str) -> tuple[bytes, int]:
+        result, chosen = await self.address_result(message, client)
+        return self.resolve_reply(message.hdr, result, chosen), result.status
+
+    async def address_result(
+        self, message: AcmMessage, client: str
+    ) -> tuple[ResolveResult, EpAddr | None]:
+        """Address-form resolution; also returns the source the server chose, if any."""
         plan = plan_address_form(message)
         entries = list(plan.entries)
         chosen: EpAddr | None = None
@@ -234,8 +242,7 @@ class Dispatcher:
         if slot is None:
             raise CoreError(AcmStatus.ESRCADDR, f"{source.address_text()} is not a local address")
         request = ResolveRequest(tuple(entries), src_index, plan.dst_index, client)
-        result = await self.call_resolve(slot, request)
-        return self.resolve_reply(message.hdr, result, chosen), result.status
+        return await self.call_resolve(slot, request), chosen
 
     async def choose_source(self, dest: EpAddr) -> EpAddr:
         try:
@@ -247,7 +254,11 @@ class Dispatcher:
     async def resolve_path(self, message: AcmMessage, client: str) -> tuple[bytes, int]:
         if message.hdr.length < QUERY_SA_LENGTH:
             raise CoreError(AcmStatus.EINVAL, f"path request of {message.hdr.length} bytes")
-        entry = message.entries[0]
+        result = await self.path_result(message.entries[0], client)
+        return self.resolve_reply(message.hdr, result, None), result.status
+
+    async def path_result(self, entry: EpAddr, client: str) -> ResolveResult:
+        """Path-form resolution of one PATH entry (client socket or kernel netlink)."""
         path = entry.path()
         if path.dlid == 0 and path.dgid == bytes(16):
             raise CoreError(AcmStatus.EDESTADDR, "path request without DLID or DGID")
@@ -256,8 +267,34 @@ class Dispatcher:
             raise CoreError(AcmStatus.ESRCADDR, "no local endpoint matches the path")
         # Only entry 0 travels on (the header's data[0..2] never do: defect 8).
         request = ResolveRequest((entry,), 0, 0, client)
-        result = await self.call_resolve(slot, request)
-        return self.resolve_reply(message.hdr, result, None), result.status
+        return await self.call_resolve(slot, request)
+
+    # -- kernel local SA service (RDMA_NL_LS) ---------------------------------------------------
+    async def kernel_path(self, path: PathRecord, flags: EpFlag) -> ResolveResult:
+        """A kernel RESOLVE: counted like a client RESOLVE, answered as a result."""
+        self.counters.increment(Counter.RESOLVE)
+        entry = EpAddr.from_path(path, int(flags) & ~int(EpFlag.NODELAY | EpFlag.QUERY_SA))
+        try:
+            result = await self.path_result(entry, "netlink")
+        except CoreError as exc:
+            result = ResolveResult(exc.status)
+        count_reply(self.counters, result.status)
+        return result
+
+    async def kernel_ip(
+        self, address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    ) -> ResolveResult:
+        """A kernel IP_RESOLVE (C lacks it): address form, the server picks the source."""
+        self.counters.increment(Counter.RESOLVE)
+        message = AcmMessage(
+            hdr=AcmHdr(opcode=AcmOp.RESOLVE), entries=[EpAddr.from_ip(address, EpFlag.DEST)]
+        )
+        try:
+            result, _ = await self.address_result(message, "netlink")
+        except CoreError as exc:
+            result = ResolveResult(exc.status)
+        count_reply(self.counters, result.status)
+        return result
 
     async def call_resolve(self, slot: AddressSlot, request: ResolveRequest) -> ResolveResult:
         provider = slot.owner.port.provider

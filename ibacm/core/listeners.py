@@ -209,12 +209,13 @@ async def open_client_listeners(
     backlog: int = socket.SOMAXCONN,
 ) -> ClientListeners:
     """Create (or adopt) the client listening socket(s) for ``mode``."""
-    if inherited is not None:
-        return adopt_stream(inherited)
     try:
+        # Also with an inherited socket: the admin socket lives there too.
         os.makedirs(paths.rundir, exist_ok=True)
     except OSError as exc:
         raise ListenerError(f"cannot create run directory {paths.rundir}: {exc.strerror}") from exc
+    if inherited is not None:
+        return adopt_stream(inherited)
     well_known = not acme_plus_kernel_only
     if mode == ServerMode.UNIX:
         return await open_unix(paths, well_known=well_known, backlog=backlog)

@@ -151,8 +151,8 @@ class ProviderDevice:
 class DeviceState:
     core: CoreDevice
     ports: list[PortState] = field(default_factory=list)
-    provider_devices: dict[int, ProviderDevice] = field(default_factory=dict)
-    """Keyed by ``id(provider)``: ``open_device`` runs for the first port a provider gets."""
+    provider_devices: dict[Provider, ProviderDevice] = field(default_factory=dict)
+    """Per provider: ``open_device`` runs for the first port of the device it gets."""
 
     @property
     def name(self) -> str:

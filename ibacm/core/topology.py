@@ -137,7 +137,7 @@ class Topology:
         """Reverse enumeration order, as C's device list (EP_QUERY order)."""
         self.lock = trio.Lock()
         self._publish = publish or services.publish
-        self._device_nurseries: dict[int, trio.Nursery] = {}
+        self._device_nurseries: dict[DeviceState, trio.Nursery] = {}
         self.closed = False
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class Topology:
 
     async def _run_device(self, device: DeviceState, *, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
-            self._device_nurseries[id(device)] = nursery
+            self._device_nurseries[device] = nursery
             async with self.lock:
                 for port in device.ports:
                     await self._port_up(port)
@@ -232,7 +232,7 @@ class Topology:
         if attrs.link_layer != LinkLayer.INFINIBAND:
             log.info("port skipped: not InfiniBand", port=port.id, link=attrs.link_layer.name)
             return
-        nursery_parent = self._device_nurseries[id(port.device)]
+        nursery_parent = self._device_nurseries[port.device]
         scope, nursery = await nursery_parent.start(_port_nursery)
         core = CorePort(port.device.core, port.port, port.port_num, attrs, nursery)
         port.core, port.scope = core, scope
@@ -263,11 +263,11 @@ class Topology:
     async def _open_provider_port(self, port: PortState, provider: Provider) -> bool:
         device = port.device
         assert port.core is not None
-        held = device.provider_devices.get(id(provider))
+        held = device.provider_devices.get(provider)
         try:
             if held is None:
                 held = ProviderDevice(await provider.open_device(device.core))
-                device.provider_devices[id(provider)] = held
+                device.provider_devices[provider] = held
             held.ports += 1
             port.provider = provider
             port.ctx = await provider.open_port(port.core, held.ctx)
@@ -279,13 +279,13 @@ class Topology:
         return True
 
     async def _release_device(self, device: DeviceState, provider: Provider) -> None:
-        held = device.provider_devices.get(id(provider))
+        held = device.provider_devices.get(provider)
         if held is None:
             return
         held.ports -= 1
         if held.ports > 0:
             return
-        del device.provider_devices[id(provider)]
+        del device.provider_devices[provider]
         try:
             await provider.close_device(held.ctx)
         except Exception:

@@ -202,6 +202,9 @@ class TapFabric(Fabric):
         self.inner = inner
         # Replaced, never mutated: a MAD being reported keeps the tuple it started with.
         self.observers: tuple[MadObserver, ...] = tuple(observers)
+        self.observer_errors = 0
+        """Exceptions raised by observers (each is caught; the first per observer logged)."""
+        self._failed_observers: set[int] = set()
         self._devices: dict[Device, TapDevice] = {}
 
     def add_observer(self, observer: MadObserver) -> None:
@@ -216,14 +219,21 @@ class TapFabric(Fabric):
             try:
                 observer.on_mad(trace)
             except Exception:  # an observer bug must not break the MAD path
-                log.exception("MAD observer failed", observer=type(observer).__name__)
+                self._observer_failed(observer)
 
     def emit_exchange(self, exchange: SaExchange) -> None:
         for observer in self.observers:
             try:
                 observer.on_sa_exchange(exchange)
             except Exception:
-                log.exception("SA observer failed", observer=type(observer).__name__)
+                self._observer_failed(observer)
+
+    def _observer_failed(self, observer: MadObserver) -> None:
+        # One traceback per observer; after that only a count, or every MAD would log one.
+        self.observer_errors += 1
+        if id(observer) not in self._failed_observers:
+            self._failed_observers.add(id(observer))
+            log.exception("MAD observer failed", observer=type(observer).__name__)
 
     async def open(self) -> Sequence[Device]:
         devices = await self.inner.open()
@@ -673,8 +683,10 @@ class CaptureControl:
         try:
             async for trace in receive:
                 data = self._encode(session, [trace, *_drain(receive)])
-                await file.write(data)
-                await file.flush()  # a live capture can be read while it grows
+                # Shielded: MADs taken off the queue must reach the file even at shutdown.
+                with trio.CancelScope(shield=True):
+                    await file.write(data)
+                    await file.flush()  # a live capture can be read while it grows
                 session.written += len(data)
         except OSError as exc:
             session.error = f"writing {session.path!r} failed: {exc.strerror or exc}"

@@ -296,12 +296,15 @@ async def test_flush_and_describe_for_the_admin_socket(autojump_clock: object) -
         described = node1.provider.describe_endpoint(node1.endpoint_ctx)
         assert described["state"] == "ready"
         assert described["groups"][0]["state"] == "joined"
-        addresses = {entry["address"] for entry in described["entries"]}
+        addresses = {entry["dest"] for entry in described["cache"]}
         assert {"10.0.0.2", "10.0.0.3", "node1"} <= addresses
         dest = ipv4(c.world, "node2")
         assert node1.provider.flush(node1.endpoint_ctx, (AddrType.IP, dest.info)) == 1
         assert node1.provider.flush(node1.endpoint_ctx, (AddrType.IP, dest.info)) == 0
         assert node1.provider.flush(node1.endpoint_ctx) == 1  # node3; local entries stay
+        published = [data for kind, data in node1.core.events if kind == "cache"]
+        assert any(d["dest"] == "10.0.0.3" and d["state"] == "READY" for d in published)
+        assert any(d["dest"] == "10.0.0.2" and d.get("removed") for d in published)
         local = await node1.resolve(ipv4(c.world, "node1"), name("node1"))
         assert local.status == AcmStatus.SUCCESS
         again = await node1.resolve(ipv4(c.world, "node1"), dest)

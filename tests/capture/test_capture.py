@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from ibacm.core.sa import sa_destination
 from ibacm.fabric.api import MULTICAST_QPN, SaTimeout
 from ibacm.fabric.capture import (
+    DEFAULT_QUEUE,
     INTERFACE_RECEIVED,
     INTERFACE_SENT,
     CaptureControl,
@@ -28,7 +30,8 @@ from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire import erf
 from ibacm.wire.acm_mad import AcmMad
-from ibacm.wire.mad import Method, PathRecord, RmppFlag, SaMad, build_path_get_table
+from ibacm.wire.mad import Method, RmppFlag, SaMad, build_path_get_table
+from ibacm.wire.path_record import PathRecord
 from tests.capture.traffic import GROUP0, REQUEST_TID, Exchange, acm_exchange, running
 
 WALL = 1_700_000_000.0
@@ -50,10 +53,10 @@ class Recorder:
 
 @asynccontextmanager
 async def capturing(
-    world: SimWorld, node: str = "node2", **kwargs: object
+    world: SimWorld, node: str = "node2", queue_size: int = DEFAULT_QUEUE
 ) -> AsyncIterator[tuple[TapFabric, CaptureControl]]:
     tap = TapFabric(world.fabric(node))
-    control = CaptureControl(tap, wall_clock=lambda: WALL, **kwargs)  # type: ignore[arg-type]
+    control = CaptureControl(tap, wall_clock=lambda: WALL, queue_size=queue_size)
     async with trio.open_nursery() as nursery:
         await nursery.start(control.run)
         yield tap, control
@@ -125,7 +128,7 @@ async def test_capture_holds_every_mad_with_its_addressing(
     # Wall-clock stamps: the anchor plus trio-clock offsets, in order.
     stamps = [seconds for seconds, _, _ in got]
     assert stamps == sorted(stamps)
-    assert WALL <= stamps[0] and stamps[-1] < WALL + 1
+    assert stamps[0] >= WALL and stamps[-1] < WALL + 1
 
 
 @pytest.mark.trio
@@ -149,7 +152,7 @@ async def test_capture_starts_and_stops_at_run_time(
         assert tap.observers == (recorder,)
 
         await control.start(str(first))
-        assert control.active and tap.observers == (recorder, control)
+        assert control.active and list(tap.observers) == [recorder, control]
         with pytest.raises(CaptureUsageError, match="already running"):
             await control.start(str(second))
         node = await tap.open()
@@ -157,7 +160,7 @@ async def test_capture_starts_and_stops_at_run_time(
         attrs = await port.query()
         await port.sa_send(
             build_path_get_table(11, PathRecord(sgid=attrs.gids[0], pkey=0xFFFF)),
-            SaDestinationFor(attrs),
+            sa_destination(attrs),
             timeout_ms=100,
             retries=1,
         )
@@ -183,12 +186,6 @@ async def test_capture_starts_and_stops_at_run_time(
     assert final["records"] == len(records(second)) == 7
 
 
-def SaDestinationFor(attrs: object) -> object:  # noqa: N802 - reads like the type it builds
-    from ibacm.core.sa import sa_destination
-
-    return sa_destination(attrs)  # type: ignore[arg-type]
-
-
 @pytest.mark.trio
 async def test_bad_requests_get_clear_errors(
     autojump_clock: trio.abc.Clock, tmp_path: Path
@@ -201,7 +198,7 @@ async def test_bad_requests_get_clear_errors(
             await control.command({"action": "start"})
         with pytest.raises(CaptureUsageError, match="start, stop or status"):
             await control.command({"action": "pause"})
-        with pytest.raises(CaptureError, match="cannot open capture file .*No such file"):
+        with pytest.raises(CaptureError, match=r"cannot open capture file .*No such file"):
             await control.start(str(tmp_path / "missing" / "x.pcap"))
         target = tmp_path / "target"
         target.write_bytes(b"keep me")
@@ -267,6 +264,7 @@ async def test_failures_and_observer_bugs(autojump_clock: trio.abc.Clock, tmp_pa
         tap.add_observer(recorder)
         await acm_exchange(tap, world.fabric("node3"))  # the broken observer changes nothing
         assert len(recorder.traces) == 7
+        assert tap.observer_errors == 7 + 2
         assert [e.outcome for e in recorder.exchanges] == [SaOutcome.OK, SaOutcome.OK]
         assert all(e.latency > 0 and e.status == 0 for e in recorder.exchanges)
 
@@ -276,7 +274,7 @@ async def test_failures_and_observer_bugs(autojump_clock: trio.abc.Clock, tmp_pa
         with pytest.raises(SaTimeout):
             await port.sa_send(
                 build_path_get_table(99, PathRecord(pkey=0xFFFF)),
-                SaDestinationFor(attrs),  # type: ignore[arg-type]
+                sa_destination(attrs),
                 timeout_ms=50,
                 retries=1,
             )

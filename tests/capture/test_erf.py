@@ -43,10 +43,19 @@ def bitwise_crc16_100b(data: bytes) -> int:
     return int(f"{crc:016b}"[::-1], 2)  # the register's last bit goes out first
 
 
-def local_packet(**changes: int) -> bytes:
-    fields = {"slid": 3, "dlid": 1, "dest_qp": 1, "src_qp": 1, "qkey": 0x80010000, "pkey": 0xFFFF}
-    fields.update(changes)
-    return erf.ud_packet(MAD, **fields)
+def local_packet(
+    *,
+    slid: int = 3,
+    dlid: int = 1,
+    dest_qp: int = 1,
+    src_qp: int = 1,
+    qkey: int = 0x80010000,
+    pkey: int = 0xFFFF,
+    sl: int = 0,
+) -> bytes:
+    return erf.ud_packet(
+        MAD, slid=slid, dlid=dlid, dest_qp=dest_qp, src_qp=src_qp, qkey=qkey, pkey=pkey, sl=sl
+    )
 
 
 def global_packet(**grh: int) -> bytes:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 import trio
 
-from ibacm.fabric.api import MULTICAST_QPN, AddressVector, Fabric, PortAttributes, SaDestination
+from ibacm.fabric.api import (
+    MULTICAST_QPN,
+    AddressVector,
+    Fabric,
+    Port,
+    PortAttributes,
+    SaDestination,
+)
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.acm_mad import AcmMad, acm_request, acm_response, mgid_for
 from ibacm.wire.client import AddrType
@@ -52,13 +59,13 @@ class Exchange:
     response: AcmMad
 
 
-async def _first_port(fabric: Fabric) -> tuple[object, PortAttributes]:
+async def _first_port(fabric: Fabric) -> tuple[Port, PortAttributes]:
     device = (await fabric.open())[0]
     port = device.port(1)
     return port, await port.query()
 
 
-async def _join(port: object, attrs: PortAttributes, tid: int) -> McMemberRecord:
+async def _join(port: Port, attrs: PortAttributes, tid: int) -> McMemberRecord:
     record = McMemberRecord(
         mgid=GROUP0,
         port_gid=attrs.gids[0],
@@ -76,9 +83,9 @@ async def _join(port: object, attrs: PortAttributes, tid: int) -> McMemberRecord
     return McMemberRecord.decode(answer.data[:56])
 
 
-async def _sa(port: object, attrs: PortAttributes, mad: bytes) -> bytes:
+async def _sa(port: Port, attrs: PortAttributes, mad: bytes) -> bytes:
     dest = SaDestination(attrs.sm_lid, attrs.sm_sl, attrs.sa_pkey_index())
-    return await port.sa_send(mad, dest, timeout_ms=200, retries=2)  # type: ignore[attr-defined,no-any-return]
+    return await port.sa_send(mad, dest, timeout_ms=200, retries=2)
 
 
 async def acm_exchange(requester_fabric: Fabric, responder_fabric: Fabric) -> Exchange:
@@ -87,8 +94,8 @@ async def acm_exchange(requester_fabric: Fabric, responder_fabric: Fabric) -> Ex
     resp_port, resp = await _first_port(responder_fabric)
     group = await _join(req_port, req, JOIN_TID)
     await _join(resp_port, resp, JOIN_TID + 100)
-    req_qp = await req_port.open_ud(0, recv_depth=16)  # type: ignore[attr-defined]
-    resp_qp = await resp_port.open_ud(0, recv_depth=16)  # type: ignore[attr-defined]
+    req_qp = await req_port.open_ud(0, recv_depth=16)
+    resp_qp = await resp_port.open_ud(0, recv_depth=16)
     await req_qp.attach_mcast(GROUP0, group.mlid)
     await resp_qp.attach_mcast(GROUP0, group.mlid)
 

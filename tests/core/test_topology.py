@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from ibacm.core.model import EndpointState, iter_endpoints
+from ibacm.fabric.api import PortEvent, PortEventType
 from ibacm.fabric.sim.topology import generate
 from tests.core.support import Core, make_options, sim_core
 
@@ -184,3 +185,21 @@ async def test_unwritable_address_file_still_gives_generated_names(tmp_path: Pat
         assert displays(core) == {
             "mlx5_0/1/0xffff": ["10.0.0.1/16", "fd00::1/64", "node1", "node1-1"]
         }
+
+
+@pytest.mark.trio
+async def test_reregister_while_down_is_delivered_when_the_port_comes_back(tmp_path: Path) -> None:
+    async with sim_core(tmp_path) as core:
+        device = core.topology.devices[0]
+        core.world.set_port_state("node1", "mlx5_0", 1, False)
+        await until(lambda: not device.ports[0].up)
+        async with core.topology.lock:
+            await core.topology.handle_port_event(
+                device, PortEvent(1, PortEventType.CLIENT_REREGISTER)
+            )
+        assert not any(e[:3] == ("event", 1, "client_reregister") for e in core.provider.events)
+        core.world.set_port_state("node1", "mlx5_0", 1, True)
+        await until(
+            lambda: any(e[:3] == ("event", 1, "client_reregister") for e in core.provider.events)
+        )
+        assert device.ports[0].reregister_pending is False
