@@ -201,6 +201,7 @@ class AcmpEndpoint:
         self.bulk_by_gid: dict[bytes, PathRecord] = {}
         self.bulk_by_lid: dict[int, PathRecord] = {}
         self.bulk_loaded_at = -math.inf
+        self._bulk_refresh = trio.Event()
         self.scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery | None = None
         self._join_scope: trio.CancelScope | None = None
@@ -482,14 +483,29 @@ class AcmpEndpoint:
             await trio.sleep_until(max(wake, now))
 
     async def _bulk_preload(self) -> None:
-        """route_bulk_preload: one GetTable of every path from our GID in our partition."""
+        """route_bulk_preload: a GetTable of every path from our GID in our partition, taken
+        again when the routes it gave expire or the SM changed; retried with the join
+        backoff while the SA does not answer (per-pair queries work meanwhile)."""
         port = self.port
-        query = PathRecord(sgid=port.gid, pkey=self.pkey)
-        outcome, records = await port.sa.get_table(query, BULK_COMP_MASK)
-        if outcome.status != AcmStatus.SUCCESS:
-            log.info("bulk route preload failed", status=outcome.status, reason=outcome.reason)
-            return
-        self.load_bulk(records)
+        delay = self.options.join_retry_initial_ms / 1000.0
+        while True:
+            self._bulk_refresh = trio.Event()
+            query = PathRecord(sgid=port.gid, pkey=self.pkey)
+            outcome, records = await port.sa.get_table(query, BULK_COMP_MASK)
+            if outcome.status != AcmStatus.SUCCESS:
+                log.info(
+                    "bulk route preload failed",
+                    status=outcome.status,
+                    reason=outcome.reason,
+                    retry_in=delay,
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.options.join_retry_max_ms / 1000.0)
+                continue
+            delay = self.options.join_retry_initial_ms / 1000.0
+            self.load_bulk(records)
+            with trio.move_on_after(self.options.route_lifetime):
+                await self._bulk_refresh.wait()
 
     def load_bulk(self, records: list[PathRecord]) -> None:
         by_gid: dict[bytes, PathRecord] = {}
@@ -517,6 +533,7 @@ class AcmpEndpoint:
     def invalidate_routes(self) -> int:
         """Forget every learned route (SM change): the next use re-queries it."""
         self.bulk_by_gid, self.bulk_by_lid = {}, {}
+        self._bulk_refresh.set()
         count = 0
         for entry in self.cache.learned():
             # Entries without a query template came from the route file: keep them.

@@ -12,6 +12,7 @@ if its GID changed, everything learned is forgotten.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,8 +81,8 @@ class AcmpProvider(Provider):
         self._saved: Records = {}
         """Cache file contents: loaded at start, waiting for their endpoints to open."""
         self._store: CacheStore | None = None
-        self._saver_scope: trio.CancelScope | None = None
         self._saving = trio.Lock()
+        self._saved_at = -math.inf
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -97,8 +98,6 @@ class AcmpProvider(Provider):
             self._saved = {}
 
     async def stop(self) -> None:
-        if self._saver_scope is not None:
-            self._saver_scope.cancel()
         await self.save_cache()
 
     async def save_cache(self) -> None:
@@ -108,6 +107,7 @@ class AcmpProvider(Provider):
             return
         async with self._saving:
             now, wall_now = trio.current_time(), self.wall_clock()
+            self._saved_at = now
             records: Records = dict(self._saved)
             for retained in self._retained.values():
                 ident = endpoint_id(retained.gid, retained.pkey)
@@ -117,28 +117,14 @@ class AcmpProvider(Provider):
             except CacheFileError as exc:
                 log.warning("cache file not saved", error=str(exc))
 
-    def _ensure_saver(self) -> None:
-        """Keep one periodic saver running, in the nursery of some open port."""
-        options = self.core.options
-        if self._store is None or options.cache_save_interval <= 0:
-            return
-        if self._saver_scope is not None:
-            return
-        for port in self._ports:
-            if not port.closed:
-                port.core_port.nursery.start_soon(self._saver, options.cache_save_interval)
-                return
-
     async def _saver(self, interval: int) -> None:
-        with trio.CancelScope() as scope:
-            self._saver_scope = scope
-            try:
-                while True:
-                    await trio.sleep(interval)
-                    await self.save_cache()
-            finally:
-                self._saver_scope = None
-        self._ensure_saver()
+        """Periodic save, one task per open port (the port's nursery owns it); whichever
+        port's task is due first saves for all, so the file is written about once per
+        ``interval`` whatever ports come and go."""
+        while True:
+            await trio.sleep(interval)
+            if trio.current_time() - self._saved_at >= interval * 0.9:
+                await self.save_cache()
 
     # -- devices and ports ----------------------------------------------------------------
 
@@ -159,7 +145,9 @@ class AcmpProvider(Provider):
             mtu=acmp_port.mtu,
             rate=acmp_port.rate,
         )
-        self._ensure_saver()
+        interval = self.core.options.cache_save_interval
+        if self._store is not None and interval > 0:
+            port.nursery.start_soon(self._saver, interval)
         return acmp_port
 
     async def close_port(self, port_ctx: object) -> None:

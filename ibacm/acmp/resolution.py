@@ -247,7 +247,7 @@ class Resolver:
         if entry.state is EntryState.INIT:
             entry.state = EntryState.QUERY_ADDR
         pending = entry.wake
-        if pending is None or pending.done.is_set():
+        if pending is None:
             pending = entry.wake = PendingQuery(entry)
         with trio.move_on_after(self.address_budget):
             async with ep.resolve_credits:

@@ -8,6 +8,7 @@ although C declares ten and trusts ``gid_cnt`` up to ten (defect #38): we reject
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ ACM_METHOD_RESP = 0x81
 MAX_GIDS_IN_MAD = 6
 ACM_HDR_LEN = 16
 _GID_OFFSET = 152  # MAD offset of gid[0]
+_FIXED = struct.Struct(">BBBBHHQBBBBBBBB64s64s")
+"""Everything before the MGIDs (152 bytes): one unpack per received MAD (the hot path)."""
 
 
 @dataclass(slots=True)
@@ -70,6 +73,35 @@ class AcmMad:
             raise GidCountError(
                 f"gid_cnt: {len(self.gids)} MGIDs, at most {MAX_GIDS_IN_MAD} fit in a MAD"
             )
+        gids = self.gids
+        if len(self.dest) == ADDR_LEN and len(self.src) == ADDR_LEN:
+            if all(len(gid) == GID_LEN for gid in gids):
+                try:
+                    fixed = _FIXED.pack(
+                        ACM_BASE_VERSION,
+                        ACM_MGMT_CLASS,
+                        ACM_CLASS_VERSION,
+                        self.method,
+                        self.status,
+                        self.control,
+                        self.tid,
+                        self.dest_type,
+                        self.dest_length,
+                        self.src_type,
+                        self.src_length,
+                        len(gids),
+                        self.resp_resources,
+                        self.init_depth,
+                        self.reserved,
+                        self.dest,
+                        self.src,
+                    )
+                    return (fixed + b"".join(gids)).ljust(MAD_SIZE, b"\0")
+                except (struct.error, TypeError):
+                    pass  # the field-by-field path names what does not fit
+        return self._encode_checked()
+
+    def _encode_checked(self) -> bytes:
         buf = Buffer(capacity=MAD_SIZE)
         buf.push_uint8(ACM_BASE_VERSION, "base_version")
         buf.push_uint8(ACM_MGMT_CLASS, "mgmt_class")
@@ -97,10 +129,25 @@ class AcmMad:
     def decode(cls, data: bytes) -> AcmMad:
         """Decode and validate exactly 256 bytes, as the C receiver does plus the gid clamp."""
         check_exact_length("ACM MAD", data, MAD_SIZE)
-        buf = Buffer(data)
-        base_version = buf.pull_uint8()
-        mgmt_class = buf.pull_uint8()
-        class_version = buf.pull_uint8()
+        (
+            base_version,
+            mgmt_class,
+            class_version,
+            method,
+            status,
+            control,
+            tid,
+            dest_type,
+            dest_length,
+            src_type,
+            src_length,
+            gid_cnt,
+            resp_resources,
+            init_depth,
+            reserved,
+            dest,
+            src,
+        ) = _FIXED.unpack_from(data)
         if mgmt_class != ACM_MGMT_CLASS:
             raise BadOpcodeError(
                 f"mgmt_class: 0x{mgmt_class:02x} is not the ACM class 0x{ACM_MGMT_CLASS:02x}"
@@ -109,29 +156,34 @@ class AcmMad:
             raise BadVersionError(f"base_version: {base_version}, expected {ACM_BASE_VERSION}")
         if class_version != ACM_CLASS_VERSION:
             raise BadVersionError(f"class_version: {class_version}, expected {ACM_CLASS_VERSION}")
-        mad = cls(method=buf.pull_uint8(), status=buf.pull_uint16())
-        mad.control = buf.pull_uint16()
-        if mad.control != ACM_CTRL_RESOLVE:
+        if control != ACM_CTRL_RESOLVE:
             raise FieldRangeError(
-                f"control: 0x{mad.control:04x}, expected 0x{ACM_CTRL_RESOLVE:04x} (resolve)"
+                f"control: 0x{control:04x}, expected 0x{ACM_CTRL_RESOLVE:04x} (resolve)"
             )
-        mad.tid = buf.pull_uint64()
-        mad.dest_type = buf.pull_uint8()
-        mad.dest_length = buf.pull_uint8()
-        mad.src_type = buf.pull_uint8()
-        mad.src_length = buf.pull_uint8()
-        gid_cnt = buf.pull_uint8()
         if gid_cnt > MAX_GIDS_IN_MAD:
             raise GidCountError(
                 f"gid_cnt: {gid_cnt} MGIDs claimed, at most {MAX_GIDS_IN_MAD} fit in a MAD"
             )
-        mad.resp_resources = buf.pull_uint8()
-        mad.init_depth = buf.pull_uint8()
-        mad.reserved = buf.pull_uint8()
-        mad.dest = buf.pull_bytes(ADDR_LEN, "dest")
-        mad.src = buf.pull_bytes(ADDR_LEN, "src")
-        mad.gids = [buf.pull_bytes(GID_LEN, f"gid[{i}]") for i in range(gid_cnt)]
-        return mad
+        gids = [
+            bytes(data[offset : offset + GID_LEN])
+            for offset in range(_GID_OFFSET, _GID_OFFSET + GID_LEN * gid_cnt, GID_LEN)
+        ]
+        return cls(
+            method,
+            status,
+            control,
+            tid,
+            dest_type,
+            dest_length,
+            src_type,
+            src_length,
+            resp_resources,
+            init_depth,
+            reserved,
+            dest,
+            src,
+            gids,
+        )
 
 
 def acm_request(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import errno
 import ipaddress
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -177,6 +178,25 @@ class AcmHdr:
         return bool(self.opcode & OP_ACK)
 
     def encode(self) -> bytes:
+        length = self.length
+        if not _length_little_endian(self.opcode) and 0 <= length <= 0xFFFF:
+            length = _swap16(length)
+        try:
+            return _HDR.pack(
+                self.version,
+                self.opcode,
+                self.status,
+                self.data0,
+                self.data1,
+                self.data2,
+                length,
+                self.tid,
+            )
+        except (struct.error, TypeError):
+            # Some field does not fit: the field-by-field path names it.
+            return self._encode_checked()
+
+    def _encode_checked(self) -> bytes:
         buf = Buffer(capacity=HDR_LEN)
         buf.push_uint8(self.version, "version")
         buf.push_uint8(self.opcode, "opcode")
@@ -195,21 +215,18 @@ class AcmHdr:
     def decode(cls, data: bytes) -> AcmHdr:
         """Decode the first 16 bytes of ``data`` (the rest, if any, is not looked at)."""
         check_min_length("acm_hdr", data, HDR_LEN)
-        buf = Buffer(data[:HDR_LEN])
-        hdr = cls(
-            version=buf.pull_uint8(),
-            opcode=buf.pull_uint8(),
-            status=buf.pull_uint8(),
-            data0=buf.pull_uint8(),
-            data1=buf.pull_uint8(),
-            data2=buf.pull_uint8(),
-        )
-        if _length_little_endian(hdr.opcode):
-            hdr.length = buf.pull_uint16_le("length")
-        else:
-            hdr.length = buf.pull_uint16("length")
-        hdr.tid = buf.pull_uint64_le("tid")
+        hdr = cls(*_HDR.unpack_from(data))
+        if not _length_little_endian(hdr.opcode):
+            hdr.length = _swap16(hdr.length)
         return hdr
+
+
+_HDR = struct.Struct("<6BHQ")
+"""``acm_hdr`` with a little-endian length; big-endian lengths are byte-swapped around it."""
+
+
+def _swap16(value: int) -> int:
+    return ((value & 0xFF) << 8) | (value >> 8)
 
 
 def request_length(first8: bytes) -> int:
@@ -278,6 +295,9 @@ def _text_from_field(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
 
 
+_EP = struct.Struct("<IHH64s")
+
+
 @dataclass(slots=True)
 class EpAddr:
     """``struct acm_ep_addr_data`` (72 bytes): flags, type, reserved, 64-byte info."""
@@ -288,6 +308,15 @@ class EpAddr:
     reserved: int = 0
 
     def encode(self) -> bytes:
+        info = self.info
+        if len(info) == ADDR_LEN:
+            try:
+                return _EP.pack(self.flags, self.type, self.reserved, info)
+            except (struct.error, TypeError):
+                pass  # the field-by-field path names what does not fit
+        return self._encode_checked()
+
+    def _encode_checked(self) -> bytes:
         buf = Buffer(capacity=EP_LEN)
         buf.push_uint32_le(self.flags, "flags")
         buf.push_uint16_le(self.type, "type")
@@ -298,11 +327,8 @@ class EpAddr:
     @classmethod
     def decode(cls, data: bytes) -> EpAddr:
         check_exact_length("acm_ep_addr_data", data, EP_LEN)
-        buf = Buffer(data)
-        flags = buf.pull_uint32_le("flags")
-        addr_type = buf.pull_uint16_le("type")
-        reserved = buf.pull_uint16_le("reserved")
-        return cls(flags=flags, type=addr_type, info=buf.pull_bytes(ADDR_LEN), reserved=reserved)
+        flags, addr_type, reserved, info = _EP.unpack(data)
+        return cls(flags, addr_type, info, reserved)
 
     # -- constructors -------------------------------------------------------------------
 
@@ -455,10 +481,11 @@ class AcmMessage:
         _check_op("RESOLVE message", hdr, AcmOp.RESOLVE)
         _check_message_length("RESOLVE message", data, hdr.length, MSG_MAX)
         count = (hdr.length - HDR_LEN) // EP_LEN
-        entries = [
-            EpAddr.decode(data[HDR_LEN + EP_LEN * i : HDR_LEN + EP_LEN * (i + 1)])
-            for i in range(count)
-        ]
+        unpack = _EP.unpack_from
+        entries = []
+        for offset in range(HDR_LEN, HDR_LEN + EP_LEN * count, EP_LEN):
+            flags, addr_type, reserved, info = unpack(data, offset)
+            entries.append(EpAddr(flags, addr_type, info, reserved))
         return cls(hdr=hdr, entries=entries)
 
 

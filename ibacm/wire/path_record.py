@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import struct
 from dataclasses import dataclass
 
 from ibacm.wire.buffer import Buffer
@@ -26,6 +27,8 @@ PATH_RECORD_LEN = 64
 GID_LEN = 16
 ZERO_GID = bytes(GID_LEN)
 REVERSIBLE_BIT = 0x80  # IBV_PATH_RECORD_REVERSIBLE in reversible_numpath
+_LAYOUT = struct.Struct(">Q16s16sHHIBBHHBBBB6s")
+"""The 64 bytes in one go: the codec's hot path (every RESOLVE reply, every SA record)."""
 
 
 class PathComp(enum.IntFlag):
@@ -168,6 +171,46 @@ class PathRecord:
     # -- codec ----------------------------------------------------------------------------
 
     def encode(self) -> bytes:
+        """The 64 bytes; FieldRangeError names the first field that does not fit."""
+        try:
+            if (
+                len(self.dgid) != GID_LEN
+                or len(self.sgid) != GID_LEN
+                or len(self.reserved) != 6
+                or (self.flow_reserved >> 3)
+                or (self.flow_label >> 20)
+                or (self.numb_path >> 7)
+                or (self.qos_class >> 12)
+                or (self.sl >> 4)
+                or ((self.mtu_selector | self.rate_selector | self.packet_life_selector) >> 2)
+                or ((self.mtu | self.rate | self.packet_life) >> 6)
+            ):
+                return self._encode_checked()
+            return _LAYOUT.pack(
+                self.service_id,
+                self.dgid,
+                self.sgid,
+                self.dlid,
+                self.slid,
+                ((1 << 31) if self.raw_traffic else 0)
+                | (self.flow_reserved << 28)
+                | (self.flow_label << 8)
+                | self.hop_limit,
+                self.tclass,
+                (REVERSIBLE_BIT if self.reversible else 0) | self.numb_path,
+                self.pkey,
+                (self.qos_class << 4) | self.sl,
+                (self.mtu_selector << 6) | self.mtu,
+                (self.rate_selector << 6) | self.rate,
+                (self.packet_life_selector << 6) | self.packet_life,
+                self.preference,
+                self.reserved,
+            )
+        except (struct.error, TypeError):
+            # Out of range or not an integer somewhere: the field-by-field path says where.
+            return self._encode_checked()
+
+    def _encode_checked(self) -> bytes:
         buf = Buffer(capacity=PATH_RECORD_LEN)
         buf.push_uint64(self.service_id, "service_id")
         buf.push_bytes(check_bytes("dgid", self.dgid, GID_LEN))
@@ -190,25 +233,48 @@ class PathRecord:
     def decode(cls, data: bytes) -> PathRecord:
         """Decode exactly 64 bytes (TruncatedError if shorter, OversizeError if longer)."""
         check_exact_length("PathRecord", data, PATH_RECORD_LEN)
-        buf = Buffer(data)
-        record = cls(
-            service_id=buf.pull_uint64("service_id"),
-            dgid=buf.pull_bytes(GID_LEN, "dgid"),
-            sgid=buf.pull_bytes(GID_LEN, "sgid"),
-            dlid=buf.pull_uint16("dlid"),
-            slid=buf.pull_uint16("slid"),
+        (
+            service_id,
+            dgid,
+            sgid,
+            dlid,
+            slid,
+            fl_hop,
+            tclass,
+            rev_numpath,
+            pkey,
+            qos_sl,
+            mtu,
+            rate,
+            life,
+            preference,
+            reserved,
+        ) = _LAYOUT.unpack(data)
+        return cls(
+            service_id,
+            dgid,
+            sgid,
+            dlid,
+            slid,
+            bool(fl_hop >> 31),
+            (fl_hop >> 8) & 0xFFFFF,
+            fl_hop & 0xFF,
+            tclass,
+            bool(rev_numpath & REVERSIBLE_BIT),
+            rev_numpath & 0x7F,
+            pkey,
+            qos_sl >> 4,
+            qos_sl & 0xF,
+            mtu >> 6,
+            mtu & 0x3F,
+            rate >> 6,
+            rate & 0x3F,
+            life >> 6,
+            life & 0x3F,
+            preference,
+            reserved,
+            (fl_hop >> 28) & 0x7,
         )
-        record.flowlabel_hoplimit = buf.pull_uint32("flowlabel_hoplimit")
-        record.tclass = buf.pull_uint8("tclass")
-        record.reversible_numpath = buf.pull_uint8("reversible_numpath")
-        record.pkey = buf.pull_uint16("pkey")
-        record.qosclass_sl = buf.pull_uint16("qosclass_sl")
-        record.mtu_byte = buf.pull_uint8("mtu")
-        record.rate_byte = buf.pull_uint8("rate")
-        record.packetlifetime_byte = buf.pull_uint8("packetlifetime")
-        record.preference = buf.pull_uint8("preference")
-        record.reserved = buf.pull_bytes(6, "reserved")
-        return record
 
     def comp_mask(self) -> int:
         """The SA component mask C derives from the non-zero fields (mad-protocol.md §9.4).

@@ -150,7 +150,9 @@ async def test_bulk_route_preload_is_off_by_default(autojump_clock: object) -> N
 async def test_cache_survives_a_restart(autojump_clock: object, tmp_path: Path) -> None:
     cache_file = tmp_path / "acmp-cache.json"
     opts = options(cache_file=str(cache_file))
-    async with cluster(4, opts) as c:
+    async with cluster(4, start=["node2", "node3", "node4"]) as c:
+        await c.add_node("node1", opts)
+        await c.wait_ready()
         for dst in ("node2", "node3"):
             result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, dst))
             assert result.status == AcmStatus.SUCCESS
@@ -174,7 +176,9 @@ async def test_restored_entries_are_checked_against_their_lifetimes(
 ) -> None:
     cache_file = tmp_path / "acmp-cache.json"
     opts = options(cache_file=str(cache_file), addr_timeout=10)
-    async with cluster(3, opts) as c:
+    async with cluster(3, start=["node2", "node3"]) as c:
+        await c.add_node("node1", opts)
+        await c.wait_ready()
         assert (
             await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
         ).status == 0
@@ -221,3 +225,24 @@ async def test_a_corrupt_cache_file_is_ignored(autojump_clock: object, tmp_path:
         ).status == 0
         entry = c.endpoint("node1").cache.get(cache_key(AddrType.IP, ipv4(c.world, "node2").info))
         assert entry is not None and entry.state is EntryState.READY
+
+
+async def test_bulk_route_table_is_taken_again_after_an_sm_change(
+    autojump_clock: object,
+) -> None:
+    opts = options(route_bulk_preload=True)
+    async with cluster(3, opts, ready=False, faults={"sa_down": True}) as c:
+        await trio.sleep(10)
+        c.world.faults.sa_down = False  # joins and GetTables are retried with a backoff
+        with trio.fail_after(60):
+            while not c.endpoint("node1").bulk_by_gid:
+                await trio.sleep(0.01)
+        tables = c.world.count(0x03, 0x12, 0x35)
+        c.world.move_sm("node2")
+        with trio.fail_after(60):
+            while c.world.count(0x03, 0x12, 0x35) < tables + 3:
+                await trio.sleep(0.01)
+        await c.wait_ready()
+        result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
+        assert result.status == AcmStatus.SUCCESS
+        assert c.sa_path_queries() == 0

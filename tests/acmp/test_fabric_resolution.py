@@ -7,6 +7,7 @@ import pytest
 import trio
 
 from ibacm.acmp.cache import PendingQuery
+from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.config.options import Options, RouteProt
 from ibacm.provider.api import Counter
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr, EpFlag
@@ -309,3 +310,23 @@ async def test_flush_and_describe_for_the_admin_socket(autojump_clock: object) -
         assert local.status == AcmStatus.SUCCESS
         again = await node1.resolve(ipv4(c.world, "node1"), dest)
         assert again.status == AcmStatus.SUCCESS and c.acm_requests() == 3
+
+
+async def test_each_partition_has_its_own_endpoint_and_group(autojump_clock: object) -> None:
+    async with cluster(3, pkeys=(0xFFFF, 0x8001)) as c:
+        endpoints = [
+            ctx for _, ctx in c["node1"].first_port.endpoints if isinstance(ctx, AcmpEndpoint)
+        ]
+        assert [e.pkey for e in endpoints] == [0xFFFF, 0x8001]
+        with trio.fail_after(30):
+            while not all(e.ready for e in endpoints):
+                await trio.sleep(0.01)
+        mgids = [e.group0.mgid.hex() for e in endpoints]
+        assert mgids == [
+            "ff154001ffff00030400000000000000",
+            "ff154001800100030400000000000000",
+        ]
+        result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        assert result.status == AcmStatus.SUCCESS and result.paths[0].pkey == 0xFFFF
+        other = endpoints[1]
+        assert other.stats.requests_received == 0

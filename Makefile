@@ -1,0 +1,28 @@
+# Everyday entry points. The test suite is scripts/test.sh; benchmarks and the soak run on
+# demand only (their figures go to tests/bench/results/*.json).
+PYTHON ?= .venv/bin/python
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+
+.PHONY: test demo bench bench-throughput bench-storm bench-startup soak
+
+test:
+	bash scripts/test.sh
+
+demo:
+	bash scripts/demo.sh
+
+# BENCH_FULL=1 adds the 4096-node storm (long); BENCH_SECONDS sets seconds per throughput point.
+bench: bench-startup bench-throughput bench-storm
+
+bench-throughput:
+	$(PYTHON) -m tests.bench.throughput
+
+bench-storm:
+	$(PYTHON) -m tests.bench.storm
+
+bench-startup:
+	$(PYTHON) -m tests.bench.startup
+
+# The reliability suites with their long settings (10^5 fuzz inputs and more).
+soak:
+	IBACM_SOAK=1 $(PYTHON) -m pytest -q -p no:cacheprovider -o timeout=3600 tests/reliability
