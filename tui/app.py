@@ -25,6 +25,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import (
@@ -71,6 +72,7 @@ PORT_COLUMNS = [
     ("sm_lid", "SM LID"),
     ("gid", "GID"),
     ("mtu", "MTU"),
+    ("rate", "Rate"),
 ]
 GROUP_COLUMNS = [
     ("endpoint", "Endpoint"),
@@ -277,17 +279,23 @@ class Dashboard(App[None]):
 
     def _set_status(self, connected: bool, text: str) -> None:
         self.status_text = text
-        status = self._find("#status", Static)
-        status.set_classes("connected" if connected else "disconnected")
-        status.update(Text(("● " if connected else "○ ") + text))
+        with contextlib.suppress(NoMatches):  # shutting down
+            status = self._find("#status", Static)
+            status.set_classes("connected" if connected else "disconnected")
+            status.update(Text(("● " if connected else "○ ") + text))
 
     # -- periodic refresh --------------------------------------------------------------------
     def refresh_views(self) -> None:
         """Apply what changed in the model to the widgets (called every refresh_interval)."""
+        # While the app shuts down its widgets go away before the timer and worker stop.
+        with contextlib.suppress(NoMatches):
+            self._refresh_views()
+
+    def _refresh_views(self) -> None:
         model, dirty = self.model, self.model.dirty
         if dirty.endpoints:
             self._find("#endpoint-table", KeyedTable).sync(model.endpoint_rows())
-            self._find("#ports", KeyedTable).sync(self._port_rows())
+            self._find("#ports", KeyedTable).sync(model.port_rows())
             dirty.endpoints = False
         if dirty.groups:
             self._find("#group-table", KeyedTable).sync(model.group_rows())
@@ -310,15 +318,6 @@ class Dashboard(App[None]):
     def _sync_cache(self) -> None:
         text = self._find("#cache-filter", Input).value
         self._find("#cache-table", KeyedTable).sync(self.model.cache_rows(text))
-
-    def _port_rows(self) -> dict[str, tuple[str, ...]]:
-        rows = {}
-        for key, port in self.model.ports.items():
-            rows[key] = tuple(
-                "-" if port.get(column) is None else str(port.get(column))
-                for column, _ in PORT_COLUMNS
-            )
-        return rows
 
     def _refresh_counters(self) -> None:
         summary = self.model.summary()

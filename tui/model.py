@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ibacm.wire.admin import COUNTER_NAMES, EventMessage
+from ibacm.wire.errors import FieldRangeError
+from ibacm.wire.rates import mtu_to_bytes, rate_to_gbps, speed_lane_gbps, width_lanes
 
 HISTORY = 120
 """Samples kept for the sparklines (one per ``stats`` event, i.e. per second)."""
@@ -79,6 +81,39 @@ def address_type(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return _ADDRESS_TYPES.get(value, str(value))
     return _text(value)
+
+
+def format_mtu(value: Any) -> str:
+    """IBA MTU enum as bytes (``4`` -> ``2048``); other values as given."""
+    number = _int(value)
+    try:
+        return str(mtu_to_bytes(number)) if number is not None else _text(value)
+    except FieldRangeError:
+        return _text(value)
+
+
+def _gbps(value: float) -> str:
+    return f"{value:g} Gb/s"
+
+
+def format_rate_enum(value: Any) -> str:
+    """IBA rate enum in Gb/s (``3`` -> ``10 Gb/s``); other values as given."""
+    number = _int(value)
+    try:
+        return _gbps(rate_to_gbps(number)) if number is not None else _text(value)
+    except FieldRangeError:
+        return _text(value)
+
+
+def format_link(width: Any, speed: Any) -> str:
+    """Port link rate from its width and speed codes, e.g. ``100 Gb/s``."""
+    lanes, lane = _int(width), _int(speed)
+    if lanes is None or lane is None:
+        return "-"
+    try:
+        return _gbps(width_lanes(lanes) * speed_lane_gbps(lane))
+    except FieldRangeError:
+        return "-"
 
 
 def format_age(seconds: float | None) -> str:
@@ -265,8 +300,8 @@ class DashboardModel:
             ep,
             mgid,
             _int(raw.get("mlid")),
-            _text(raw.get("rate")),
-            _text(raw.get("mtu")),
+            format_rate_enum(raw.get("rate")),
+            format_mtu(raw.get("mtu")),
             _text(raw.get("state")),
         )
 
@@ -385,6 +420,20 @@ class DashboardModel:
                 group_counts[ep],
                 self.endpoint_counters.get(ep, [0] * len(COUNTER_NAMES)),
             ).cells()
+        return rows
+
+    def port_rows(self) -> dict[str, tuple[str, ...]]:
+        rows: dict[str, tuple[str, ...]] = {}
+        for key, port in self.ports.items():
+            rows[key] = (
+                key,
+                _text(port.get("state")),
+                _text(port.get("lid")),
+                _text(port.get("sm_lid")),
+                _text(port.get("gid")),
+                format_mtu(port.get("mtu")),
+                format_link(port.get("width"), port.get("speed")),
+            )
         return rows
 
     def group_rows(self) -> dict[str, tuple[str, ...]]:

@@ -36,7 +36,6 @@ from ibacm.acmp.cache import (
 )
 from ibacm.acmp.groups import McGroup, select_group
 from ibacm.acmp.routes import address_query
-from ibacm.config.options import RouteProt
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
@@ -118,8 +117,8 @@ class PeerProtocol:
     def _after_request(self, entry: DestEntry, tid: int, targets_us: bool) -> None:
         ep = self.ep
         if entry.state is EntryState.ADDR_RESOLVED:
-            if ep.options.route_prot is RouteProt.ACM and ep.resolver.route_from_group(entry):
-                pass  # READY now
+            if ep.resolver.route_now(entry):
+                pass  # READY now: the route came from the bulk table or the shared group
             elif targets_us or entry.op is not None:
                 if targets_us:
                     entry.reply_tid = tid

@@ -13,6 +13,7 @@ held or not writable (as C).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-node", metavar="NAME", help="node of the simulated fabric to be")
     parser.add_argument(
         "--run-dir", metavar="DIR", help="directory of the sockets and port files (run_dir)"
+    )
+    parser.add_argument(
+        "--capture",
+        metavar="FILE",
+        help="write every MAD sent and received to FILE (pcap of ERF type-21 records)",
     )
     parser.add_argument("--version", action="version", version=f"ibacm {__version__}")
     return parser
@@ -240,6 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options, issues = load_options(args.opts_file)
     if args.run_dir:
         options.run_dir = args.run_dir
+    if args.capture:
+        # Absolute now: daemonizing changes the working directory to /.
+        options.capture_file = os.path.abspath(args.capture)
     if args.systemd:
         options.server_mode = ServerMode.UNIX
     readiness = Readiness(None)

@@ -45,6 +45,7 @@ from ibacm.core.srcaddr import Probe, kernel_probe
 from ibacm.core.systemd import Notifier
 from ibacm.core.topology import AddressFile, Topology, endpoint_summary, port_info
 from ibacm.fabric.api import Fabric, NoDevicesError
+from ibacm.fabric.capture import CaptureControl, CaptureError, TapFabric
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import PrefixRule, ProviderEntry, ProviderSet, discover_providers
 from ibacm.wire.client import AddrType
@@ -134,7 +135,10 @@ class Daemon:
         shutdown_grace: float = SHUTDOWN_GRACE,
         admin: bool = True,
     ) -> None:
-        self.fabric = fabric
+        # Every MAD passes the tap: capture files and metrics observe it there.
+        self.tap = fabric if isinstance(fabric, TapFabric) else TapFabric(fabric)
+        self.fabric: Fabric = self.tap
+        self.mad_capture = CaptureControl(self.tap)
         self.opts_file = opts_file
         self.systemd = systemd
         self.run_dir = run_dir
@@ -154,7 +158,7 @@ class Daemon:
         self.provider_entries = list(providers) if providers is not None else None
         self.providers = ProviderSet({})
         self.addr_file = AddressFile(addr_file, support_ips=self.options.support_ips_in_addr_cfg)
-        self.topology = Topology(fabric, self.providers, self.services, self.addr_file)
+        self.topology = Topology(self.tap, self.providers, self.services, self.addr_file)
         self.dispatcher = Dispatcher(self.topology.devices, self.counters, probe)
         self.clients = ClientServer(self.dispatcher)
         self.listeners: ClientListeners | None = None
@@ -206,6 +210,10 @@ class Daemon:
                 if self.handle_signals:
                     # First, so a SIGTERM during start-up still ends in a clean stop.
                     await root.start(self._signals)
+                await root.start(self.mad_capture.run)
+                await self._start_capture()
+                if self.options.metrics_port:
+                    await self._start_metrics(root)
                 await root.start(self.topology.run)
                 self.listeners = await open_client_listeners(
                     self.paths,
@@ -255,6 +263,35 @@ class Daemon:
         except AdminSocketError as exc:
             log.error("admin socket disabled", error=str(exc))
 
+    async def _start_capture(self) -> None:
+        """Start the MAD capture at start-up when ``capture_file`` (or ``--capture``) asks."""
+        if not self.options.capture_file:
+            return
+        try:
+            await self.mad_capture.start(os.path.abspath(self.options.capture_file))
+        except CaptureError as exc:
+            log.error("MAD capture disabled", error=str(exc))
+
+    async def _start_metrics(self, root: trio.Nursery) -> None:
+        """The optional Prometheus endpoint (needs the ``metrics`` extra)."""
+        try:
+            from ibacm.core.metrics import DaemonMetrics, MetricsError, serve_metrics
+        except ImportError as exc:
+            log.error("metrics disabled: prometheus_client is not installed", error=str(exc))
+            return
+        metrics = DaemonMetrics(self.snapshot)
+        self.tap.add_observer(metrics.mads)
+        try:
+            await root.start(serve_metrics, self.options.metrics_port, metrics)
+        except MetricsError as exc:
+            log.error("metrics disabled", error=str(exc))
+            return
+        log.info("serving metrics", port=self.options.metrics_port)
+
+    async def capture(self, action: str, path: str | None) -> dict[str, Any]:
+        """Admin ``capture`` command: start, stop or report the MAD capture."""
+        return await self.mad_capture.command({"action": action, "path": path})
+
     async def _start_kernel_service(self, root: trio.Nursery) -> None:
         """Serve the kernel's local SA requests (RDMA_NL_LS) when the kernel has them."""
         try:
@@ -293,6 +330,8 @@ class Daemon:
     async def _graceful_stop(self) -> None:
         log.warning("shutting down")
         await self.notifier.stopping()
+        if self.mad_capture.active:
+            await self.mad_capture.stop()
         with trio.move_on_after(self.shutdown_grace + 1.0):
             await self.clients.drain(self.shutdown_grace)
         with trio.move_on_after(self.shutdown_grace):

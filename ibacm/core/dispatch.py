@@ -75,6 +75,10 @@ from ibacm.wire.path_record import PathRecord
 log = structlog.get_logger("ibacm.dispatch")
 
 QUERY_SA_LENGTH = HDR_LEN + EP_LEN  # 88
+# Plain ints: ``int & IntFlag`` goes through enum's slow reflected operator on every request.
+_SOURCE = int(EpFlag.SOURCE)
+_DEST = int(EpFlag.DEST)
+_QUERY_SA = int(EpFlag.QUERY_SA)
 COUNTER_MASK = 0xFFFFFFFFFFFFFFFF
 
 
@@ -101,13 +105,13 @@ def plan_address_form(message: AcmMessage) -> AddressPlan:
     src_index: int | None = None
     dst_index: int | None = None
     for index, entry in enumerate(message.entries):
-        if entry.flags & EpFlag.SOURCE:
+        if entry.flags & _SOURCE:
             if src_index is not None:
                 raise CoreError(AcmStatus.ESRCADDR, f"second SOURCE entry at index {index}")
             if not is_address_type(entry.type):
                 raise CoreError(AcmStatus.ESRCTYPE, f"SOURCE entry {index} has type {entry.type}")
             src_index = index
-        if entry.flags & EpFlag.DEST:
+        if entry.flags & _DEST:
             if dst_index is not None:
                 raise CoreError(AcmStatus.EDESTADDR, f"second DEST entry at index {index}")
             if not is_address_type(entry.type):
@@ -127,6 +131,8 @@ def plan_address_form(message: AcmMessage) -> AddressPlan:
 
 def entry_zero(frame: bytes) -> EpAddr:
     """Entry 0 of a RESOLVE as C sees it: bytes beyond the length are zero."""
+    if len(frame) >= HDR_LEN + EP_LEN:
+        return EpAddr.decode(frame[HDR_LEN : HDR_LEN + EP_LEN])
     padded = frame[:MSG_MAX].ljust(MSG_MAX, b"\0")
     return EpAddr.decode(padded[HDR_LEN : HDR_LEN + EP_LEN])
 
@@ -207,7 +213,7 @@ class Dispatcher:
         """Answer an admitted RESOLVE (address form, path form or QUERY_SA)."""
         message = AcmMessage.decode(frame)
         first = entry_zero(frame)
-        if first.type == AddrType.PATH and first.flags & EpFlag.QUERY_SA:
+        if first.type == AddrType.PATH and first.flags & _QUERY_SA:
             return await self.query_sa(message, client)
         try:
             if first.type == AddrType.PATH:

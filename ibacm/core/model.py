@@ -9,6 +9,7 @@ with no I/O, so the dispatcher built on them is testable without sockets.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -58,8 +59,9 @@ class AddressSlot:
     prefixlen: int | None = None
     ifname: str | None = None
 
-    @property
+    @functools.cached_property
     def key(self) -> AddressKey:
+        # Computed once: every RESOLVE looks its source up by this key.
         return address_key(self.core.type, self.core.info)
 
     @property

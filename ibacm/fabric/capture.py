@@ -23,6 +23,7 @@ ones. A full queue drops MADs from the capture (counted), never slows the fabric
 from __future__ import annotations
 
 import enum
+import io
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -517,7 +518,7 @@ def capture_record(trace: MadTrace, seconds: float) -> bytes:
     return erf.erf_infiniband_record(seconds, trace.packet(), interface)
 
 
-def _open_capture_file(path: str) -> Any:
+def _open_capture_file(path: str) -> io.BufferedWriter:
     # O_NOFOLLOW: a planted symlink must not redirect a root daemon's write.
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, CAPTURE_FILE_MODE)

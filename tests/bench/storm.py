@@ -25,6 +25,7 @@ wall.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import logging
 import os
@@ -184,7 +185,9 @@ async def wait_ready(nodes: list[StormNode], bulk: bool) -> None:
             await trio.sleep(0.05)
 
 
-async def storm_point(nodes_count: int, config_name: str, work: Path) -> dict[str, Any]:
+async def storm_point(
+    nodes_count: int, config_name: str, work: Path, profile: Path | None = None
+) -> dict[str, Any]:
     """One (N, configuration) point; runs inside ``trio.run`` with the mock clock."""
     config = CONFIGS[config_name]
     world = SimWorld(generate(nodes_count))
@@ -224,11 +227,17 @@ async def storm_point(nodes_count: int, config_name: str, work: Path) -> dict[st
                     if path.dlid != lids[names[target]]:
                         wrong_paths += 1
 
+        profiler = cProfile.Profile() if profile is not None else None
         sim1 = trio.current_time()
         wall1 = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         async with trio.open_nursery() as storm:
             for index in range(nodes_count):
                 storm.start_soon(one_node, index)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
         storm_wall = time.perf_counter() - wall1
         storm_sim = trio.current_time() - sim1
         during = Counter(world.counters)
@@ -268,11 +277,11 @@ async def storm_point(nodes_count: int, config_name: str, work: Path) -> dict[st
     return figures
 
 
-def run_one(nodes_count: int, config_name: str) -> dict[str, Any]:
+def run_one(nodes_count: int, config_name: str, profile: Path | None = None) -> dict[str, Any]:
     quiet_logging()
     with tempfile.TemporaryDirectory(prefix="ibacm-storm-") as tmp:
         clock = trio.testing.MockClock(autojump_threshold=0)
-        return trio.run(storm_point, nodes_count, config_name, Path(tmp), clock=clock)
+        return trio.run(storm_point, nodes_count, config_name, Path(tmp), profile, clock=clock)
 
 
 def run_child(nodes_count: int, config_name: str, timeout: float) -> dict[str, Any]:
@@ -333,12 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default=default_nodes)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per point")
+    parser.add_argument("--profile", metavar="FILE", help="with --one: cProfile the storm phase")
     args = parser.parse_args(argv)
     if args.one:
         count, config = int(args.one[0]), args.one[1]
         if config not in CONFIGS:
             raise BenchError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
-        print(json.dumps(run_one(count, config)))
+        profile = Path(args.profile) if args.profile else None
+        print(json.dumps(run_one(count, config, profile)))
         return 0
     points = []
     for count in (int(part) for part in args.nodes.split(",") if part.strip()):

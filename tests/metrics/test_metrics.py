@@ -27,7 +27,7 @@ from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
 from ibacm.core.metrics import DaemonMetrics, MetricsError, serve_metrics
-from ibacm.fabric.capture import MadTrace, SaExchange, SaOutcome, TapFabric
+from ibacm.fabric.capture import Direction, MadTrace, SaExchange, SaOutcome, TapFabric
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.registry import ProviderEntry
@@ -105,12 +105,14 @@ async def raw_request(port: int, data: bytes, *, close_write: bool = True) -> by
 
 
 @asynccontextmanager
-async def endpoint(
-    metrics: DaemonMetrics, **kwargs: Any
-) -> AsyncIterator[int]:
+async def endpoint(metrics: DaemonMetrics, request_timeout: float = 10.0) -> AsyncIterator[int]:
+    """``serve_metrics`` on a free port of 127.0.0.1, for the duration of the block."""
+
+    async def serve(task_status: trio.TaskStatus[int]) -> None:
+        await serve_metrics(0, metrics, request_timeout=request_timeout, task_status=task_status)
+
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(lambda task_status: serve_metrics(
-            0, metrics, task_status=task_status, **kwargs))  # fmt: skip
+        port: int = await nursery.start(serve)
         yield port
         nursery.cancel_scope.cancel()
 
@@ -201,7 +203,9 @@ async def test_http_errors_are_answered_not_crashed() -> None:
         head = await raw_request(port, b"HEAD /metrics HTTP/1.0\r\n\r\n")
         head_part, _, body = head.partition(b"\r\n\r\n")
         assert head_part.startswith(b"HTTP/1.1 200 OK") and body == b""
-        length = int(re.search(rb"Content-Length: (\d+)", head_part).group(1))  # type: ignore[union-attr]
+        declared = re.search(rb"Content-Length: (\d+)", head_part)
+        assert declared is not None
+        length = int(declared.group(1))
         full = await raw_request(port, b"GET / HTTP/1.0\r\n\r\n")
         assert len(full.partition(b"\r\n\r\n")[2]) == length > 0
         # After all that, the endpoint still answers.
@@ -250,10 +254,8 @@ async def test_sa_failures_are_counted_by_reason() -> None:
     metrics.mads.on_sa_exchange(SaExchange("mlx5_0/1", request, SaOutcome.TIMEOUT, 6.0))
     metrics.mads.on_sa_exchange(SaExchange("mlx5_0/1", request, SaOutcome.SEND_ERROR, 0.0))
     metrics.mads.on_sa_exchange(SaExchange("mlx5_0/1", request, SaOutcome.OK, 0.004, 0x0300))
-    metrics.mads.on_mad(
-        MadTrace(0.0, __import__("ibacm.fabric.capture").fabric.capture.Direction.SENT,
-                 "mlx5_0/1", bytes([1, 0x81, 1, 0x01]) + bytes(252), 1, 2, 1, 1, 0xFFFF)
-    )  # fmt: skip
+    odd_class = bytes([1, 0x81, 1, 0x01]) + bytes(252)
+    metrics.mads.on_mad(MadTrace(0.0, Direction.SENT, "mlx5_0/1", odd_class, 1, 2, 1, 1, 0xFFFF))
     async with endpoint(metrics) as port:
         got = samples((await scrape(port))[0])
     attr = "path_record"
@@ -300,17 +302,17 @@ async def test_a_real_daemon_on_the_simulated_fabric(tmp_path: Path) -> None:
         )
         metrics = DaemonMetrics(daemon.snapshot)
         tap.add_observer(metrics.mads)
+        ep = "mlx5_0/1/0xffff"
+        joined = ("ibacm_groups", frozenset({("endpoint", ep), ("state", "joined")}))
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
-            port = await nursery.start(serve_metrics, 0, metrics)
-            ep = "mlx5_0/1/0xffff"
-            with trio.fail_after(10):
-                while True:  # the group-0 join completes shortly after start-up
-                    got = samples((await scrape(port))[0])
-                    if (("ibacm_groups", frozenset({("endpoint", ep), ("state", "joined")}))
-                            in got):  # fmt: skip
-                        break
-                    await trio.sleep(0.05)
+            async with endpoint(metrics) as port:
+                with trio.fail_after(10):
+                    while True:  # the group-0 join completes shortly after start-up
+                        got = samples((await scrape(port))[0])
+                        if joined in got:
+                            break
+                        await trio.sleep(0.05)
             daemon.request_shutdown()
     assert value(got, "ibacm_info", version=daemon.snapshot()["daemon"]["version"], node="node2")
     assert value(got, "ibacm_port_active", port="mlx5_0/1") == 1
@@ -328,19 +330,14 @@ async def test_a_real_daemon_on_the_simulated_fabric(tmp_path: Path) -> None:
 def test_grafana_dashboard_uses_only_exported_metrics() -> None:
     dashboard = json.loads((REPO / "contrib" / "grafana" / "ibacm-dashboard.json").read_text())
     assert dashboard["uid"] == "ibacm-overview" and dashboard["panels"]
-    exprs = [
-        target["expr"]
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
-    ]
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
     used = {name for expr in exprs for name in re.findall(r"\bibacm_[a-z_]+", expr)}
     # Every series a full scrape can produce (one of each kind of MAD and SA outcome).
     metrics = DaemonMetrics(lambda: SNAPSHOT)
     request = build_path_get(1, PathRecord(pkey=0xFFFF))
     metrics.mads.on_sa_exchange(SaExchange("p", request, SaOutcome.OK, 0.001, 0))
     metrics.mads.on_sa_exchange(SaExchange("p", request, SaOutcome.TIMEOUT, 6.0))
-    trace = __import__("ibacm.fabric.capture").fabric.capture
-    metrics.mads.on_mad(trace.MadTrace(0.0, trace.Direction.SENT, "p", request, 1, 2, 1, 1, 1))
+    metrics.mads.on_mad(MadTrace(0.0, Direction.SENT, "p", request, 1, 2, 1, 1, 1))
     body, _ = metrics.render()
     exported = {name for name, _ in samples(body.decode())}
     assert used and used <= exported, sorted(used - exported)

@@ -7,6 +7,7 @@ on one in-process ``SimWorld``, each serving its own unix socket, plus small cli
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -19,10 +20,16 @@ from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ProviderLine, ServerMode
 from ibacm.core.daemon import Daemon
+from ibacm.core.dispatch import Dispatcher
 from ibacm.core.model import iter_endpoints
+from ibacm.core.services import DaemonServices
+from ibacm.core.topology import AddressFile
+from ibacm.core.topology import Topology as CoreTopology
+from ibacm.fabric.api import IpAddress
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.registry import ProviderEntry
+from ibacm.provider.api import Counters
+from ibacm.provider.registry import ProviderEntry, ProviderSet
 from ibacm.tools.sim import addr_text
 from ibacm.wire.client import (
     MSG_MAX,
@@ -194,3 +201,62 @@ def blocking_request(path: str, frame: bytes, timeout: float = 10.0) -> bytes:
             if not data:
                 raise EOFError("the daemon closed the connection")
             framer.feed(data)
+
+
+# -- the core without sockets (for the mock clock) --------------------------------------------
+
+
+@dataclass(eq=False)
+class CoreNode:
+    """One node's real core (topology + dispatcher) and ibacmp, without client sockets."""
+
+    name: str
+    topology: CoreTopology
+    dispatcher: Dispatcher
+    scope: trio.CancelScope
+
+    def endpoints(self) -> list[AcmpEndpoint]:
+        return [
+            ep.ctx
+            for ep in iter_endpoints(self.topology.devices)
+            if isinstance(ep.ctx, AcmpEndpoint)
+        ]
+
+    async def stop(self) -> None:
+        await self.topology.close()
+        self.scope.cancel()
+
+
+async def _no_route(dest: IpAddress, scope_id: int) -> IpAddress:
+    raise OSError(errno.ENETUNREACH, "no kernel route in the simulated fabric")
+
+
+async def start_core_node(
+    world: SimWorld, work: Path, name: str, nursery: trio.Nursery, **option_changes: object
+) -> CoreNode:
+    """Open ``name``'s devices and ports with ibacmp, as the daemon does at start-up."""
+    run_dir = work / name
+    options = node_options(run_dir, **option_changes)
+    addr_file = run_dir / "ibacm_addr.cfg"
+    addr_file.write_text(addr_text(world.topology, name))
+    counters = Counters()
+    services = DaemonServices(options, counters, None)
+    providers = ProviderSet.create([ACMP], services, default="ibacmp")
+    await providers.start()
+    topology = CoreTopology(
+        world.fabric(name),
+        providers,
+        services,
+        AddressFile(str(addr_file), support_ips=options.support_ips_in_addr_cfg),
+    )
+    scope = await nursery.start(_hosted, topology)
+    return CoreNode(name, topology, Dispatcher(topology.devices, counters, _no_route), scope)
+
+
+async def _hosted(
+    topology: CoreTopology, *, task_status: trio.TaskStatus[trio.CancelScope]
+) -> None:
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(topology.run)
+            task_status.started(scope)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.tui.cluster import SimCluster, start_cluster
 from tests.tui.lab import LabServer
-from tests.tui.workload import resolve
+from tests.tui.workload import resolve_when_ready
 
 
 def _short_dir(prefix: str) -> Path:
@@ -25,7 +25,7 @@ def cluster() -> Iterator[SimCluster]:
     directory = _short_dir("ibacm-tui-")
     sim = start_cluster(directory / "sim")
     try:
-        status = resolve(sim.client_socket("node1"), "node1", "node2")
+        status = resolve_when_ready(sim.client_socket("node1"), "node1", "node2")
         assert status == 0, f"node1 could not resolve node2 (ACM status {status})"
         yield sim
     finally:

@@ -13,7 +13,7 @@ from textual.widgets import RichLog, Sparkline, Static
 from ibacm.wire.admin import EventMessage
 from tests.tui.cluster import SimCluster
 from tests.tui.lab import EP1, LabServer
-from tests.tui.workload import BackgroundWorkload, resolve
+from tests.tui.workload import BackgroundWorkload, resolve_when_ready
 from tui.app import Dashboard, Target
 from tui.screens import ConfirmScreen, FlushScreen, HelpScreen
 from tui.tables import KeyedTable
@@ -123,7 +123,7 @@ async def test_flush_one_destination_asks_first(cluster: SimCluster) -> None:
             assert not isinstance(app.screen, FlushScreen)
     finally:
         # Leave the module's cluster as the fixture made it.
-        assert resolve(cluster.client_socket("node1"), "node1", "node2") == 0
+        assert resolve_when_ready(cluster.client_socket("node1"), "node1", "node2") == 0
 
 
 @pytest.mark.asyncio

@@ -65,7 +65,10 @@ def test_snapshot_becomes_rows() -> None:
     assert model.endpoint_rows() == {
         EP: (EP, "0xffff", "ready", "10.0.0.1/16, node1", "1", "1", "10", "80.0%")
     }
-    assert model.group_rows() == {f"{EP}|ff15::": (EP, "ff15::", "0xc001", "3", "4", "joined")}
+    assert model.group_rows() == {
+        f"{EP}|ff15::": (EP, "ff15::", "0xc001", "10 Gb/s", "2048", "joined")
+    }
+    assert model.port_rows() == {"mlx5_0/1": ("mlx5_0/1", "ACTIVE", "2", "-", "-", "-", "-")}
     assert model.cache_rows() == {
         f"{EP}|10.0.0.3": (EP, "10.0.0.3", "ip", "READY", "1m02s", "4", "3")
     }
@@ -110,6 +113,10 @@ def test_cache_and_group_events_upsert_and_remove() -> None:
     assert model.cache_rows() == {}
     model.apply_event(event("acmp.group", endpoint=EP, mgid="ff15::", mlid=1, state="failed"))
     assert model.group_rows()[f"{EP}|ff15::"][2:] == ("0x0001", "-", "-", "failed")
+    model.apply_event(event("group", endpoint=EP, mgid="ff15::", rate=99, mtu="big"))
+    assert model.group_rows()[f"{EP}|ff15::"][3:5] == ("99", "big")  # unknown enums as given
+    model.apply_event(event("port", id="mlx5_0/1", mtu=5, width=2, speed=32, state="ACTIVE"))
+    assert model.port_rows()["mlx5_0/1"][5:] == ("4096", "100 Gb/s")
     assert model.dirty.groups
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from types import TracebackType
 
 from ibacm.tools.workload import resolve_request
-from ibacm.wire.client import AcmHdr, reply_length
+from ibacm.wire.client import AcmHdr, AcmStatus, reply_length
+
+ENODATA = AcmStatus.ENODATA
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:
@@ -35,6 +37,19 @@ def resolve(client_socket: Path, source: str, dest: str, *, timeout: float = 10.
         sock.settimeout(timeout)
         sock.connect(str(client_socket))
         return _resolve_on(sock, source, dest)
+
+
+def resolve_when_ready(
+    client_socket: Path, source: str, dest: str, *, timeout: float = 30.0
+) -> int:
+    """Like ``resolve``, retrying while the daemon answers "no data" (status 3): right after
+    start-up an endpoint answers so until it has joined its multicast group."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = resolve(client_socket, source, dest)
+        if status != ENODATA or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
 
 
 def _resolve_on(sock: socket.socket, source: str, dest: str) -> int:

@@ -16,6 +16,7 @@ with its last full member. Unknown attributes or methods get generic status 0x00
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from types import SimpleNamespace
 from typing import Protocol
 
 from ibacm.fabric.sim.multicast import (
@@ -52,6 +53,8 @@ LINK_LOCAL_PREFIX = 0xFE80000000000000
 MAX_PAIRS = 250_000
 """A PathRecord query spanning more source x destination pairs is refused (NO_RESOURCES)."""
 
+_PC = SimpleNamespace(**{name: int(bit) for name, bit in PathComp.__members__.items()})
+"""PathComp bits as plain ints: ``int & IntFlag`` is slow, and a GetTable tests N^2 pairs."""
 _JOIN_MASK = McComp.MGID | McComp.PORT_GID | McComp.JOIN_STATE
 _CREATE_MASK = (
     _JOIN_MASK | McComp.QKEY | McComp.TCLASS | McComp.PKEY | McComp.FLOW_LABEL | McComp.SL
@@ -237,10 +240,10 @@ class SubnetAdministrator:
         path = PathRecord.decode(request.data[:PATH_RECORD_LEN])
         comp = request.sa.comp_mask
         self._check_path_request(path, comp)
-        if comp & PathComp.DGID and path.dgid[0] == 0xFF:
+        if comp & _PC.DGID and path.dgid[0] == 0xFF:
             return self._answer(request, self._multicast_path(path, requester), PATH_RECORD_LEN)
-        sources = self._ends(comp, PathComp.SGID, PathComp.SLID, path.sgid, path.slid)
-        targets = self._ends(comp, PathComp.DGID, PathComp.DLID, path.dgid, path.dlid)
+        sources = self._ends(comp, _PC.SGID, _PC.SLID, path.sgid, path.slid)
+        targets = self._ends(comp, _PC.DGID, _PC.DLID, path.dgid, path.dlid)
         if len(sources) * len(targets) > MAX_PAIRS:
             raise _SaFail(sa_status_word(SaStatus.NO_RESOURCES))
         single = request.mad.method == Method.GET
@@ -256,12 +259,12 @@ class SubnetAdministrator:
 
     @staticmethod
     def _check_path_request(path: PathRecord, comp: int) -> None:
-        if comp & PathComp.RATE_SELECTOR and comp & PathComp.RATE and not _rate_gbps(path.rate):
+        if comp & _PC.RATE_SELECTOR and comp & _PC.RATE and not _rate_gbps(path.rate):
             raise _invalid()
-        if comp & PathComp.MTU_SELECTOR and comp & PathComp.MTU and not 1 <= path.mtu <= 5:
+        if comp & _PC.MTU_SELECTOR and comp & _PC.MTU and not 1 <= path.mtu <= 5:
             raise _invalid()
-        service = comp & PathComp.SERVICE_ID
-        if service and service != PathComp.SERVICE_ID:
+        service = comp & _PC.SERVICE_ID
+        if service and service != _PC.SERVICE_ID:
             raise _SaFail(sa_status_word(SaStatus.REQ_INSUFFICIENT_COMPONENTS))
 
     def _ends(
@@ -293,17 +296,17 @@ class SubnetAdministrator:
             return None
         mtu, rate, life, pkey = params
         reversible = self._params(path, comp, dst, src) is not None
-        if comp & PathComp.REVERSIBLE and path.reversible and not reversible:
+        if comp & _PC.REVERSIBLE and path.reversible and not reversible:
             return None
         prefix = self.fabric.subnet_prefix
         return PathRecord(
             dgid=_gid(prefix, dst.guid),
-            sgid=path.sgid if comp & PathComp.SGID else _gid(prefix, src.guid),
-            dlid=path.dlid if comp & PathComp.DLID else dst.lid,
-            slid=path.slid if comp & PathComp.SLID else src.lid,
+            sgid=path.sgid if comp & _PC.SGID else _gid(prefix, src.guid),
+            dlid=path.dlid if comp & _PC.DLID else dst.lid,
+            slid=path.slid if comp & _PC.SLID else src.lid,
             reversible=reversible,
             pkey=pkey,
-            sl=path.sl if comp & PathComp.SL else 0,
+            sl=path.sl if comp & _PC.SL else 0,
             mtu_selector=2,
             mtu=mtu,
             rate_selector=2,
@@ -323,7 +326,7 @@ class SubnetAdministrator:
         life = _select_life(path, comp, self.fabric.subnet_timeout)
         if mtu is None or rate is None or life is None:
             return None
-        if comp & PathComp.PKEY:
+        if comp & _PC.PKEY:
             if not _ports_share(src.pkeys, dst.pkeys, path.pkey):
                 return None
             pkey = path.pkey
@@ -516,7 +519,7 @@ class SubnetAdministrator:
 
 
 def _select_mtu(path: PathRecord, comp: int, mtu: int) -> int | None:
-    if not (comp & PathComp.MTU_SELECTOR and comp & PathComp.MTU):
+    if not (comp & _PC.MTU_SELECTOR and comp & _PC.MTU):
         return mtu
     wanted, selector = path.mtu, path.mtu_selector
     if selector == 0:
@@ -531,7 +534,7 @@ def _select_mtu(path: PathRecord, comp: int, mtu: int) -> int | None:
 
 
 def _select_rate(path: PathRecord, comp: int, rate: int) -> int | None:
-    if not (comp & PathComp.RATE_SELECTOR and comp & PathComp.RATE):
+    if not (comp & _PC.RATE_SELECTOR and comp & _PC.RATE):
         return rate
     have, wanted = _rate_gbps(rate), _rate_gbps(path.rate)
     selector = path.rate_selector
@@ -548,7 +551,7 @@ def _select_rate(path: PathRecord, comp: int, rate: int) -> int | None:
 
 
 def _select_life(path: PathRecord, comp: int, life: int) -> int | None:
-    if not (comp & PathComp.PACKET_LIFE_SELECTOR and comp & PathComp.PACKET_LIFE):
+    if not (comp & _PC.PACKET_LIFE_SELECTOR and comp & _PC.PACKET_LIFE):
         return life
     wanted, selector = path.packet_life, path.packet_life_selector
     if selector == 0:
