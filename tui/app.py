@@ -49,6 +49,8 @@ from tui.tables import KeyedTable
 WidgetType = TypeVar("WidgetType", bound=Widget)
 
 REFRESH_INTERVAL = 0.25
+SNAPSHOT_INTERVAL = 5.0
+"""Seconds between full snapshots, besides the live events (0 = only after lost events)."""
 BACKOFF_MIN = 0.5
 BACKOFF_MAX = 5.0
 SUBSCRIBE_QUEUE = 5000
@@ -163,6 +165,7 @@ class Dashboard(App[None]):
         clock: Callable[[], float] = time.monotonic,
         refresh_interval: float = REFRESH_INTERVAL,
         backoff: tuple[float, float] = (BACKOFF_MIN, BACKOFF_MAX),
+        snapshot_interval: float = SNAPSHOT_INTERVAL,
     ) -> None:
         super().__init__()
         self.target = target
@@ -177,6 +180,8 @@ class Dashboard(App[None]):
         """Successful connections so far (the first is not a reconnection)."""
         self._last_cache_sync = -1.0
         self._resyncing = False
+        self.snapshot_interval = snapshot_interval
+        self._last_snapshot = clock()
         self.sub_title = target.label
 
     # -- layout ------------------------------------------------------------------------------
@@ -254,6 +259,7 @@ class Dashboard(App[None]):
             if not isinstance(snapshot, dict):
                 return "the daemon sent a snapshot that is not an object", False
             self.model.apply_snapshot(snapshot)
+            self._last_snapshot = self.model.clock()
             self.client, self.connected, connected = client, True, True
             self.connections += 1
             self._set_connected_status()
@@ -312,7 +318,10 @@ class Dashboard(App[None]):
         if dirty.logs:
             self._append_logs(model.take_new_logs())
             dirty.logs = False
-        if model.needs_snapshot and self.connected and not self._resyncing:
+        # A fresh snapshot after lost events, and now and then anyway: not every change is
+        # published as an event (a provider may only describe its state in snapshots).
+        stale = self.snapshot_interval > 0 and now - self._last_snapshot >= self.snapshot_interval
+        if (model.needs_snapshot or stale) and self.connected and not self._resyncing:
             self.resync()
 
     def _sync_cache(self) -> None:
@@ -374,11 +383,12 @@ class Dashboard(App[None]):
 
     @work(exclusive=True, group="resync")
     async def resync(self) -> None:
-        """Events were dropped: take a fresh snapshot."""
+        """Take a fresh snapshot (events were dropped, or the periodic refresh is due)."""
         client = self.client
         if client is None:
             return
         self._resyncing = True
+        self._last_snapshot = self.model.clock()
         try:
             snapshot = await client.call("snapshot")
             if isinstance(snapshot, dict):

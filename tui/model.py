@@ -277,7 +277,8 @@ class DashboardModel:
             if isinstance(raw, Mapping) and raw.get("id") is not None:
                 self._load_endpoint(raw, now)
         self.needs_snapshot = False
-        self._last_stats = None
+        # The rate baseline (_last_stats) is kept: a restarted daemon shows as counters going
+        # down, which _stats handles.
         self.dirty = Dirty()
 
     def _load_endpoint(self, raw: Mapping[str, Any], now: float) -> None:

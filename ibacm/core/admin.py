@@ -63,6 +63,10 @@ class DaemonControl(Protocol):
         """Set ``log_level`` (0..2) for the running daemon."""
         ...
 
+    async def capture(self, action: str, path: str | None) -> dict[str, Any]:
+        """Start (to the absolute ``path``), stop or report the MAD capture; returns its status."""
+        ...
+
 
 class AdminSocketError(Exception):
     """The admin socket cannot be created at the configured path."""
@@ -276,6 +280,10 @@ class _Session:
                 control.set_log_level(args["level"])
                 log.info("log level set", level=args["level"])
                 return wire.ok_reply(request.id, {"level": args["level"]})
+            case wire.Command.CAPTURE:
+                status = await control.capture(args["action"], args["path"])
+                log.info("MAD capture", action=args["action"], path=args["path"])
+                return wire.ok_reply(request.id, status)
         raise AssertionError(f"unhandled command {request.cmd}")  # pragma: no cover
 
     def hello(self, request: wire.Request) -> wire.Reply:

@@ -8,6 +8,9 @@ learns it missed something while the daemon never slows down for it.
 ``publish`` may be called from any trio task, from outside a trio run (start-up logging) and
 from worker threads (``trio.to_thread``; a structlog processor can run there); calls from a
 foreign thread are handed to the trio thread that created the subscriptions.
+
+The bus also keeps the last ``history`` events of the history kinds (log records by default),
+also those published before anyone subscribed, so a new subscriber can ask for a ``replay``.
 """
 
 from __future__ import annotations

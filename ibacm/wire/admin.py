@@ -58,6 +58,11 @@ class Command(enum.StrEnum):
     FLUSH = "flush"
     RELOAD = "reload"
     SET_LOG_LEVEL = "set_log_level"
+    CAPTURE = "capture"
+
+
+CAPTURE_ACTIONS = ("start", "stop", "status")
+"""Actions of the ``capture`` command (MAD capture to a pcap/ERF file)."""
 
 
 class ErrorCode(enum.StrEnum):
@@ -280,6 +285,15 @@ def _arguments(cmd: Command, raw: Mapping[str, Any], request_id: RequestId) -> d
         }
     if cmd is Command.SET_LOG_LEVEL:
         return {"level": _level(raw, request_id)}
+    if cmd is Command.CAPTURE:
+        action = raw.get("action", "status")
+        if action not in CAPTURE_ACTIONS:
+            raise AdminProtocolError(
+                f"'action' must be one of {', '.join(CAPTURE_ACTIONS)}, got {action!r}",
+                ErrorCode.BAD_ARGUMENT,
+                request_id,
+            )
+        return {"action": action, "path": _optional_str(raw, "path", request_id)}
     return {}
 
 

@@ -98,6 +98,34 @@ class PathRecord:
     reserved: bytes = bytes(6)  # bytes 58..63
     flow_reserved: int = 0  # bits 30..28 of flowlabel_hoplimit
 
+    def aimed_at(self, dgid: bytes, dlid: int) -> PathRecord:
+        """A copy with another destination (``dataclasses.replace`` is slow on hot paths)."""
+        return PathRecord(
+            self.service_id,
+            dgid,
+            self.sgid,
+            dlid,
+            self.slid,
+            self.raw_traffic,
+            self.flow_label,
+            self.hop_limit,
+            self.tclass,
+            self.reversible,
+            self.numb_path,
+            self.pkey,
+            self.qos_class,
+            self.sl,
+            self.mtu_selector,
+            self.mtu,
+            self.rate_selector,
+            self.rate,
+            self.packet_life_selector,
+            self.packet_life,
+            self.preference,
+            self.reserved,
+            self.flow_reserved,
+        )
+
     # -- packed views ---------------------------------------------------------------------
 
     @property

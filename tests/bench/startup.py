@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import BenchError, VENV_BIN, bench_env, proc_rss_mb, write_results
+from tests.bench.common import VENV_BIN, BenchError, bench_env, proc_rss_mb, write_results
 from tests.bench.throughput import resolve_request
 
 READY_TIMEOUT = 60.0
@@ -140,7 +140,9 @@ def interpreter_floor(env: dict[str, str]) -> dict[str, float]:
 
     return {
         "python_start_ms": timed("pass"),
-        "import_daemon_ms": timed("import ibacm.core.cli, ibacm.acmp.provider, ibacm.fabric.sim.hub"),
+        "import_daemon_ms": timed(
+            "import ibacm.core.cli, ibacm.acmp.provider, ibacm.fabric.sim.hub"
+        ),
     }
 
 
@@ -182,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sim, "down", "--dir", str(sim_dir)], capture_output=True, env=env)
     floor = interpreter_floor(env)
     summary = summarize(runs)
-    print(f"start-up to READY: median {summary['ready_ms']['median']} ms "
-          f"(python start {floor['python_start_ms']} ms, imports {floor['import_daemon_ms']} ms)")
+    print(
+        f"start-up to READY: median {summary['ready_ms']['median']} ms "
+        f"(python start {floor['python_start_ms']} ms, imports {floor['import_daemon_ms']} ms)"
+    )
     print(f"idle RSS: median {summary['idle_rss_mb']['median']} MB")
     write_results("startup", {"runs": runs, "summary": summary, "floor": floor})
     return 0

@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +41,9 @@ import structlog
 import trio
 import trio.testing
 
-from ibacm.acmp.endpoint import AcmpEndpoint
-from ibacm.acmp.provider import AcmpProvider
-from ibacm.config.options import Options, ProviderLine, RouteProt
-from ibacm.core.dispatch import Dispatcher
-from ibacm.core.model import iter_endpoints
-from ibacm.core.services import DaemonServices
-from ibacm.core.topology import AddressFile
-from ibacm.core.topology import Topology as CoreTopology
-from ibacm.fabric.api import IpAddress
+from ibacm.config.options import RouteProt
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.api import Counters
-from ibacm.provider.registry import ProviderEntry, ProviderSet
-from ibacm.tools.sim import addr_text
 from ibacm.wire.client import AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import PathRecord
 from tests.bench.common import (
@@ -65,8 +53,8 @@ from tests.bench.common import (
     verdict,
     write_results,
 )
+from tests.reliability.live import CoreNode, start_core_node
 
-ACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
 CONFIGS: dict[str, dict[str, Any]] = {
     "bulk": {"route_prot": RouteProt.SA, "route_bulk_preload": True},
     "acm": {"route_prot": RouteProt.ACM},
@@ -77,6 +65,12 @@ ACM_REQUEST, ACM_RESPONSE = 0x01, 0x81
 SA_METHODS = {0x01: "Get", 0x02: "Set", 0x12: "GetTable", 0x15: "Delete"}
 SA_ATTRS = {0x35: "PathRecord", 0x38: "MCMemberRecord"}
 PATH_RECORD_ATTR = 0x35
+CLIENT_RTT = 20e-6
+"""Simulated seconds between one resolution of a node and its next: the MPI process's round
+trip to its local daemon (a unix-socket request; ``throughput.py`` measures 12-60 us). With
+no gap at all, every node would ask for its next peer microseconds after its first answer,
+before the multicast requests of distant nodes have reached it, and about 2N multicast
+requests result (a race against the fabric's propagation that real clients never win)."""
 READY_TIMEOUT = 3600.0
 """Simulated seconds the start-up may take (joins and bulk preloads through one SA)."""
 
@@ -89,57 +83,6 @@ def quiet_logging() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-
-
-async def _no_route(dest: IpAddress, scope_id: int) -> IpAddress:
-    raise OSError("no kernel route in the simulated fabric")
-
-
-@dataclass(eq=False)
-class StormNode:
-    name: str
-    topology: CoreTopology
-    dispatcher: Dispatcher
-    providers: ProviderSet
-
-    def endpoints(self) -> list[AcmpEndpoint]:
-        found = []
-        for endpoint in iter_endpoints(self.topology.devices):
-            if isinstance(endpoint.ctx, AcmpEndpoint):
-                found.append(endpoint.ctx)
-        return found
-
-
-def node_options(work: Path, name: str, config: dict[str, Any]) -> Options:
-    options = Options(
-        log_file="stderr",
-        lock_file=str(work / f"{name}.pid"),
-        run_dir=str(work),
-        providers=[ProviderLine("ibacmp", True, None, 1)],
-    )
-    for key, value in config.items():
-        setattr(options, key, value)
-    return options
-
-
-async def start_node(
-    world: SimWorld, work: Path, name: str, config: dict[str, Any], nursery: trio.Nursery
-) -> StormNode:
-    options = node_options(work, name, config)
-    addr_file = work / f"{name}.addr"
-    addr_file.write_text(addr_text(world.topology, name))
-    counters = Counters()
-    services = DaemonServices(options, counters, None)
-    providers = ProviderSet.create([ACMP], services, default="ibacmp")
-    await providers.start()
-    topology = CoreTopology(
-        world.fabric(name),
-        providers,
-        services,
-        AddressFile(str(addr_file), support_ips=options.support_ips_in_addr_cfg),
-    )
-    await nursery.start(topology.run)
-    return StormNode(name, topology, Dispatcher(topology.devices, counters, _no_route), providers)
 
 
 def request_frames(names: list[str]) -> list[bytes]:
@@ -175,18 +118,22 @@ def path_queries(counters: Counter[tuple[int, int, int]]) -> int:
     )
 
 
-async def wait_ready(nodes: list[StormNode], bulk: bool) -> None:
+async def wait_ready(nodes: list[CoreNode], bulk: bool) -> None:
     with trio.fail_after(READY_TIMEOUT):
         while True:
             endpoints = [ep for node in nodes for ep in node.endpoints()]
-            if len(endpoints) >= len(nodes) and all(ep.ready for ep in endpoints):
-                if not bulk or all(ep.bulk_by_gid for ep in endpoints):
-                    return
+            ready = len(endpoints) >= len(nodes) and all(ep.ready for ep in endpoints)
+            if ready and (not bulk or all(ep.bulk_by_gid for ep in endpoints)):
+                return
             await trio.sleep(0.05)
 
 
 async def storm_point(
-    nodes_count: int, config_name: str, work: Path, profile: Path | None = None
+    nodes_count: int,
+    config_name: str,
+    work: Path,
+    profile: Path | None = None,
+    client_rtt: float = CLIENT_RTT,
 ) -> dict[str, Any]:
     """One (N, configuration) point; runs inside ``trio.run`` with the mock clock."""
     config = CONFIGS[config_name]
@@ -196,7 +143,7 @@ async def storm_point(
     rss0 = current_rss_mb()
     async with trio.open_nursery() as nursery:
         await nursery.start(world.run)
-        nodes = [await start_node(world, work, name, config, nursery) for name in names]
+        nodes = [await start_core_node(world, work, name, nursery, **config) for name in names]
         sim0 = trio.current_time()
         await wait_ready(nodes, bool(config.get("route_bulk_preload")))
         startup = {
@@ -218,6 +165,8 @@ async def storm_point(
             nonlocal wrong_paths
             node = nodes[index]
             for step in range(1, nodes_count):
+                # The client's round trip to its daemon (simulated time; see CLIENT_RTT).
+                await trio.sleep(client_rtt)
                 target = (index + step) % nodes_count
                 frame = resolve_frame(header, entries[index], entries[target])
                 reply = await node.dispatcher.handle(frame, "storm")
@@ -245,13 +194,14 @@ async def storm_point(
         entries_after = sum(len(ep.cache) for node in nodes for ep in node.endpoints())
         rss_after = current_rss_mb()
         for node in nodes:
-            await node.topology.close()
+            await node.stop()
         nursery.cancel_scope.cancel()
     resolutions = nodes_count * (nodes_count - 1)
     new_entries = entries_after - entries_before
     figures: dict[str, Any] = {
         "nodes": nodes_count,
         "config": config_name,
+        "client_rtt_us": client_rtt * 1e6,
         "options": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in config.items()},
         "resolutions": resolutions,
         "succeeded": outcome.get(0, 0),
@@ -277,21 +227,26 @@ async def storm_point(
     return figures
 
 
-def run_one(nodes_count: int, config_name: str, profile: Path | None = None) -> dict[str, Any]:
+def run_one(
+    nodes_count: int, config_name: str, profile: Path | None = None, client_rtt: float = CLIENT_RTT
+) -> dict[str, Any]:
     quiet_logging()
     with tempfile.TemporaryDirectory(prefix="ibacm-storm-") as tmp:
         clock = trio.testing.MockClock(autojump_threshold=0)
-        return trio.run(storm_point, nodes_count, config_name, Path(tmp), profile, clock=clock)
+        return trio.run(
+            storm_point, nodes_count, config_name, Path(tmp), profile, client_rtt, clock=clock
+        )
 
 
-def run_child(nodes_count: int, config_name: str, timeout: float) -> dict[str, Any]:
+def run_child(
+    nodes_count: int, config_name: str, timeout: float, client_rtt_us: float
+) -> dict[str, Any]:
     """One point in a fresh interpreter (its own peak RSS)."""
     command = [sys.executable, "-m", "tests.bench.storm", "--one", str(nodes_count), config_name]
+    command += ["--client-rtt-us", str(client_rtt_us)]
     started = time.perf_counter()
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"nodes": nodes_count, "config": config_name, "error": f"timeout {timeout:g}s"}
     if done.returncode != 0:
@@ -343,18 +298,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per point")
     parser.add_argument("--profile", metavar="FILE", help="with --one: cProfile the storm phase")
+    parser.add_argument(
+        "--client-rtt-us", type=float, default=CLIENT_RTT * 1e6, help="see CLIENT_RTT"
+    )
     args = parser.parse_args(argv)
     if args.one:
         count, config = int(args.one[0]), args.one[1]
         if config not in CONFIGS:
             raise BenchError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
         profile = Path(args.profile) if args.profile else None
-        print(json.dumps(run_one(count, config, profile)))
+        print(json.dumps(run_one(count, config, profile, args.client_rtt_us / 1e6)))
         return 0
     points = []
     for count in (int(part) for part in args.nodes.split(",") if part.strip()):
         for config in (part.strip() for part in args.configs.split(",") if part.strip()):
-            figures = run_child(count, config, args.timeout)
+            figures = run_child(count, config, args.timeout, args.client_rtt_us)
             print_point(figures)
             points.append(figures)
     found = targets(points)

@@ -91,7 +91,15 @@ def run_load(
     warmup = min(0.5, seconds / 4)
     before = cpu_seconds(server_pid)
     done = subprocess.run(
-        [str(loadgen), sock, str(request_file), str(clients), str(seconds), str(warmup), str(procs)],
+        [
+            str(loadgen),
+            sock,
+            str(request_file),
+            str(clients),
+            str(seconds),
+            str(warmup),
+            str(procs),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -247,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     for count, values in summary["ratios"].items():
         print(
             f"clients={count:>3}: throughput {values['throughput_ratio']}x the C responder, "
-            f"p50 {values['p50_factor']}x, server CPU per request {values['cpu_per_request_factor']}x"
+            f"p50 {values['p50_factor']}x, "
+            f"server CPU per request {values['cpu_per_request_factor']}x"
         )
     for target, outcome in summary["targets"].items():
         print(f"target {target}: {outcome}")

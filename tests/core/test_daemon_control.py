@@ -127,3 +127,39 @@ async def test_changes_are_published(tmp_path: Path) -> None:
         event = await admin.event("port")
         assert (event.data["id"], event.data["state"]) == ("mlx5_0/1", "DOWN")
         await admin.stream.aclose()
+
+
+@pytest.mark.trio
+async def test_capture_started_and_stopped_through_the_admin_socket(tmp_path: Path) -> None:
+    from ibacm.acmp.provider import AcmpProvider
+    from ibacm.provider.registry import ProviderEntry
+    from ibacm.wire.erf import parse_pcap
+
+    capture = tmp_path / "live.pcap"
+    ibacmp = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+    async with sim_daemon(
+        tmp_path,
+        addr_lines=["node1 mlx5_0 1 default"],
+        admin=True,
+        options=make_options(tmp_path, providers=[]),
+        providers=[ibacmp],
+    ) as run:
+        admin = await AdminClient.connect(run)
+        idle = await admin.call(wire.Command.CAPTURE, action="status")
+        assert idle.ok and not idle.result["active"]
+        relative = await admin.call(wire.Command.CAPTURE, action="start", path="rel.pcap")
+        assert not relative.ok and relative.code == wire.ErrorCode.BAD_ARGUMENT
+        bad_action = await admin.call(wire.Command.CAPTURE, action="pause")
+        assert not bad_action.ok and bad_action.code == wire.ErrorCode.BAD_ARGUMENT
+
+        started = await admin.call(wire.Command.CAPTURE, action="start", path=str(capture))
+        assert started.ok and started.result["active"]
+        # Traffic while capturing: a client re-registration makes the provider re-join.
+        run.world.client_reregister("node1")
+        with trio.fail_after(10):
+            while not parse_pcap(capture.read_bytes()).packets:
+                await trio.sleep(0.05)
+        stopped = await admin.call(wire.Command.CAPTURE, action="stop")
+        assert stopped.ok and not stopped.result["active"]
+        await admin.stream.aclose()
+    assert parse_pcap(capture.read_bytes()).packets

@@ -108,7 +108,7 @@ class LiveCluster:
         return self.nodes[name]
 
 
-async def _run_daemon(node: LiveNode, *, task_status: trio.TaskStatus[None]) -> None:
+async def _run_daemon(node: LiveNode, *, task_status: trio.TaskStatus[Daemon]) -> None:
     try:
         await node.daemon.run(task_status=task_status)
     except BaseException as exc:
@@ -120,7 +120,9 @@ async def _run_daemon(node: LiveNode, *, task_status: trio.TaskStatus[None]) -> 
 
 async def wait_endpoints_ready(nodes: Sequence[LiveNode], timeout: float = 30.0) -> None:
     with trio.fail_after(timeout):
-        while not all(node.endpoints() and all(ep.ready for ep in node.endpoints()) for node in nodes):
+        while not all(
+            node.endpoints() and all(ep.ready for ep in node.endpoints()) for node in nodes
+        ):
             await trio.sleep(0.01)
 
 

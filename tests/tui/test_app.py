@@ -22,8 +22,11 @@ SIZE = (120, 35)
 MGID = "ff15:4001:ffff:3:400::"
 
 
-def dashboard(path: Path, label: str = "node1") -> Dashboard:
-    return Dashboard(Target(str(path), label), backoff=(0.1, 0.4))
+def dashboard(path: Path, label: str = "node1", snapshot_interval: float = 0.0) -> Dashboard:
+    # No periodic snapshots unless a test asks: each test sees only the path it exercises.
+    return Dashboard(
+        Target(str(path), label), backoff=(0.1, 0.4), snapshot_interval=snapshot_interval
+    )
 
 
 async def until(pilot: Pilot[None], predicate: Callable[[], bool], what: str, timeout=15.0) -> None:
@@ -238,6 +241,17 @@ async def test_dropped_events_make_the_dashboard_resync(lab: LabServer) -> None:
         cache = table(app, "cache-table")
         await until(pilot, lambda: f"{EP1}|node7" in cache.shown, "the resync")
         assert "12 events dropped" in "\n".join(r.text for r in app.model.logs)
+
+
+@pytest.mark.asyncio
+async def test_periodic_snapshots_catch_unpublished_changes(lab: LabServer) -> None:
+    app = dashboard(lab.path, "lab", snapshot_interval=0.3)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot, app)
+        lab.run_sync(lab.daemon.caches[EP1].pop, "node4")  # no event for this one
+        cache = table(app, "cache-table")
+        await until(pilot, lambda: f"{EP1}|node4" not in cache.shown, "the periodic snapshot")
+        assert f"{EP1}|10.0.0.3" in cache.shown
 
 
 @pytest.mark.asyncio

@@ -31,8 +31,8 @@ def test_default_is_the_daemons_default_admin_socket() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--admin", "/a", "--dir", "/tmp", "--node", "n"], "either --admin PATH or --dir"),
-        (["--dir", "/tmp"], "--dir and --node go together"),
+        (["--admin", "/a", "--dir", "sim", "--node", "n"], "either --admin PATH or --dir"),
+        (["--dir", "sim"], "--dir and --node go together"),
         (["--node", "node1"], "--dir and --node go together"),
         (["--dir", "/nonexistent/sim", "--node", "node1"], "no such directory"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -59,6 +60,7 @@ async def test_busy_server_is_reported() -> None:
         await first.aclose()
     finally:
         server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.mark.asyncio

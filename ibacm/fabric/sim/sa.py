@@ -35,6 +35,7 @@ from ibacm.wire.errors import WireError
 from ibacm.wire.mad import (
     MAD_SIZE,
     MC_MEMBER_RECORD_LEN,
+    SA_DATA_LEN,
     MadStatus,
     McComp,
     McMemberRecord,
@@ -211,8 +212,8 @@ class SubnetAdministrator:
         method = self._reply_method(request)
         if method == Method.GET_TABLE_RESP:
             return split_rmpp(build_sa_response(request, status, b"", method, attr_offset=0))
-        data = request.data[:200]
-        return [build_sa_response(request, status, data, method, attr_offset=0)]
+        echo = request.data[:SA_DATA_LEN]  # OpenSM echoes the request's record
+        return [build_sa_response(request, status, echo, method, attr_offset=0)]
 
     def _single(self, request: SaMad, record: bytes) -> list[bytes]:
         method = self._reply_method(request)

@@ -50,7 +50,7 @@ from ibacm.fabric.sim.multicast import JOIN_FULL, JOIN_NON_MEMBER, MLID_FIRST, M
 from ibacm.fabric.sim.routing import Router
 from ibacm.fabric.sim.sa import SubnetAdministrator, pkey_shared
 from ibacm.fabric.sim.scheduler import DeliveryScheduler
-from ibacm.fabric.sim.topology import UNICAST_LID_MAX, Host, Topology, TopologyError, gid_of
+from ibacm.fabric.sim.topology import UNICAST_LID_MAX, Host, Topology, gid_of
 
 if TYPE_CHECKING:  # the in-process fabric imports this module
     from ibacm.fabric.sim.fabric import SimFabric
@@ -733,8 +733,14 @@ class SimWorld:
             if self._inject.busy():
                 self.stats["sa_busy"] += 1
                 self._sa_reply(requester, self.sa.busy(mad))
-            else:
-                self._sa_reply(requester, self.sa.handle(requester, mad))
+                continue
+            try:
+                answers = self.sa.handle(requester, mad)
+            except Exception:  # an SA bug must cost one answer, not the whole fabric
+                self.stats["sa_internal_error"] += 1
+                traceback.print_exc(file=sys.stderr)
+                continue
+            self._sa_reply(requester, answers)
 
     @property
     def sa_queue_length(self) -> int:
@@ -826,7 +832,7 @@ class SimWorld:
         for value in range(lid, lid + (1 << runtime.lmc)):
             owner = self._by_lid.get(value)
             if owner is not None and owner is not runtime:
-                raise FabricError(f"LID {value} is already used by {_endpoint_name(owner)}")
+                raise FabricError(f"LID {value} is already used by {owner.name}")
         if not runtime.lid:
             raise FabricError(f"{runtime.name} has no link; it cannot get a LID")
         self._unindex_lids(runtime)
@@ -954,14 +960,4 @@ def _check_mcast(mgid: bytes, mlid: int) -> None:
         raise FabricError(f"MLID {mlid:#x} is outside {MLID_FIRST:#x}..{MLID_LAST:#x}")
 
 
-def _endpoint_name(endpoint: PortRuntime | SwitchEndpoint) -> str:
-    return endpoint.name
-
-
-__all__ = [
-    "NodeInfo",
-    "PortInfo",
-    "SimWorld",
-    "TopologyError",
-    "mad_key",
-]
+__all__ = ["NodeInfo", "PortInfo", "SimWorld", "mad_key"]
