@@ -665,8 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", type=int, default=1)
     up.add_argument(
         "--daemon-cmd",
-        default="ibacm",
-        help="daemon command (default: ibacm); ibacm-sim appends the node flags",
+        default=default_daemon_cmd(),
+        help="daemon command (default: this installation's ibacm, never another one on PATH "
+        "such as rdma-core's C daemon); ibacm-sim appends the node flags",
     )
     up.add_argument("--timeout", type=float, help="seconds to wait for READY=1 (default 60+N/2)")
     up.add_argument("--seed", type=int, default=0)
@@ -762,6 +763,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif command == "reregister":
         _hub(args, {"op": "reregister", "node": args.node})
     return 0
+
+
+def default_daemon_cmd() -> str:
+    """This installation's daemon: the same interpreter running ``ibacm.core.cli``.
+
+    Looking ``ibacm`` up on PATH could find rdma-core's C daemon (``/usr/sbin/ibacm``),
+    which knows nothing of ``--fabric sim``.
+    """
+    return shlex.join([sys.executable, "-m", "ibacm.core.cli"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

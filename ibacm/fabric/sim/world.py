@@ -19,6 +19,8 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import random
+import sys
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
