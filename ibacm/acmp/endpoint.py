@@ -390,6 +390,8 @@ class AcmpEndpoint:
 
     def publish_entry(self, entry: DestEntry, removed: bool = False) -> None:
         """Tell admin subscribers about a cache entry that changed."""
+        if not self.core.wants("cache"):
+            return  # nobody listens: spare the description (an all-to-all makes N^2 of them)
         data = entry.describe(trio.current_time())
         data["endpoint"] = self.name
         if removed:

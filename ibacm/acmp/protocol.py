@@ -19,7 +19,6 @@ wait (an SA route query before answering) runs as a resolution in the endpoint's
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -36,6 +35,7 @@ from ibacm.acmp.cache import (
 )
 from ibacm.acmp.groups import McGroup, select_group
 from ibacm.acmp.routes import address_query
+from ibacm.fabric.api import AddressVector
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
@@ -147,11 +147,18 @@ class PeerProtocol:
         ep = self.ep
         assert group.av is not None and group.path is not None  # joined groups have both
         peer_gid = received.sgid
-        entry.av = replace(
-            group.av,
-            dlid=received.slid,
-            src_path_bits=received.dlid_path_bits,
-            dgid=peer_gid,
+        av = group.av
+        # Built directly: dataclasses.replace is slow, and every request received runs this.
+        entry.av = AddressVector(
+            received.slid,
+            peer_gid,
+            av.sl,
+            received.dlid_path_bits,
+            av.static_rate,
+            av.sgid_index,
+            av.flow_label,
+            av.hop_limit,
+            av.traffic_class,
         )
         entry.mgid = group.mgid
         entry.query = address_query(group.path.sgid, peer_gid, group.path.tclass, group.path.pkey)

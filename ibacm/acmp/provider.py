@@ -247,6 +247,18 @@ class AcmpProvider(Provider):
             status, found = await resolver.resolve_address(request.source, dest, nodelay)
         return ResolveResult(_status(status), (found,) if found is not None else ())
 
+    def resolve_now(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult | None:
+        """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
+        if request.entries[0].type == AddrType.PATH:
+            return None
+        dest = request.dest
+        if dest.type in (AddrType.GID, AddrType.LID):
+            return None  # our own port by GID/LID is answered by ``resolve``
+        path = _address(addr_ctx).endpoint.resolver.cached(dest)
+        if path is None:
+            return None
+        return ResolveResult(AcmStatus.SUCCESS, (path,))
+
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
         endpoint = _address(addr_ctx).endpoint
         counters = endpoint.counters

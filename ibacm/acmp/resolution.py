@@ -123,6 +123,28 @@ class Resolver:
             op = self._start(entry, source)
         return await self._park(op, nodelay)
 
+    def cached(self, dest: EpAddr) -> PathRecord | None:
+        """The route to ``dest`` when the cache has it READY now (no waiting, no counting
+        unless found): what ``resolve_address`` would answer at once."""
+        ep = self.ep
+        if not ep.ready:
+            return None
+        try:
+            key = cache_key(dest.type, dest.info)
+        except CacheKeyError:
+            return None
+        entry = ep.cache.get(key)
+        if entry is None or entry.state is not EntryState.READY:
+            return None
+        self._check_lifetimes(entry)
+        if entry.state is not EntryState.READY:
+            return None
+        counters = ep.counters
+        counters.endpoint_only(Counter.RESOLVE)
+        counters.both(Counter.ROUTE_CACHE)
+        entry.hits += 1
+        return entry.path
+
     async def resolve_path(
         self, request: PathRecord, nodelay: bool
     ) -> tuple[int, PathRecord | None]:

@@ -16,7 +16,7 @@ sent or the answer was unusable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -186,7 +186,7 @@ def path_query(request: PathRecord, pkey: int, port_lid: int, port_gid: bytes) -
 
 def path_from_group(group_path: PathRecord, peer_gid: bytes, peer_lid: int) -> PathRecord:
     """route_prot acm: the group's record aimed at the peer (behavior.md §12.1)."""
-    return replace(group_path, dgid=peer_gid, dlid=peer_lid)
+    return group_path.aimed_at(peer_gid, peer_lid)
 
 
 def loopback_path(gid: bytes, lid: int, pkey: int, mtu: int, rate: int) -> PathRecord:

@@ -204,9 +204,41 @@ class Dispatcher:
     async def handle(self, frame: bytes, client: str) -> bytes:
         """The reply to one framed request."""
         reply = self.answer_now(frame)
+        if reply is None:
+            reply = self.resolve_now(frame, client)
         if reply is not None:
             return reply
         return await self.resolve(frame, client)
+
+    def resolve_now(self, frame: bytes, client: str) -> bytes | None:
+        """An admitted RESOLVE answered without waiting, or None (then ``resolve`` answers).
+
+        Only the common case is taken here: address form with its SOURCE given, and the
+        provider has the answer at hand (``Provider.resolve_now``, a cache hit). Everything
+        else, errors included, is left to ``resolve`` untouched, so counters and replies are
+        exactly what ``resolve`` gives.
+        """
+        try:
+            message = AcmMessage.decode(frame)
+            if message.entries[0].type == AddrType.PATH:
+                return None
+            plan = plan_address_form(message)
+        except (WireError, CoreError, IndexError):
+            return None
+        if plan.src_index is None:
+            return None
+        source = plan.entries[plan.src_index]
+        slot = find_address(self.devices, source.type, source.info)
+        provider = slot.owner.port.provider if slot is not None else None
+        if slot is None or provider is None:
+            return None
+        request = ResolveRequest(plan.entries, plan.src_index, plan.dst_index, client)
+        result = provider.resolve_now(slot.ctx, request)
+        if result is None:
+            return None
+        reply = self.resolve_reply(message.hdr, result, None)
+        count_reply(self.counters, result.status)
+        return reply
 
     # -- RESOLVE -------------------------------------------------------------------------------
     async def resolve(self, frame: bytes, client: str) -> bytes:

@@ -39,3 +39,11 @@ class DaemonServices(CoreServices):
     def publish(self, kind: str, data: Mapping[str, Any]) -> None:
         if self.bus is not None:
             self.bus.publish(kind, data)
+
+    def wants(self, kind: str) -> bool:
+        bus = self.bus
+        if bus is None:
+            return False
+        has_subscribers = getattr(bus, "has_subscribers", None)
+        # A sink that cannot tell is offered every event.
+        return bool(has_subscribers(kind)) if callable(has_subscribers) else True

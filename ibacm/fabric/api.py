@@ -24,6 +24,7 @@ import enum
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 ACM_QKEY = 0x80010000
 """Q_Key of every ACM UD QP and of SA MADs (the IBA well-known GSI Q_Key)."""
@@ -268,6 +269,40 @@ class Device(abc.ABC):
     @abc.abstractmethod
     async def wait_event(self) -> PortEvent:
         """Wait for the next async event of this device."""
+
+
+PortT = TypeVar("PortT", bound=Port)
+
+
+class PortTableDevice(Device, Generic[PortT]):
+    """A device whose name and GUID are fixed when opened and whose ports sit in a table.
+
+    Backends fill ``ports`` (port number -> port) in their constructor.
+    """
+
+    def __init__(self, name: str, node_guid: int) -> None:
+        self._name = name
+        self._node_guid = node_guid
+        self.ports: dict[int, PortT] = {}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def node_guid(self) -> int:
+        return self._node_guid
+
+    @property
+    def phys_port_cnt(self) -> int:
+        return max(self.ports, default=0)
+
+    def port(self, port_num: int) -> PortT:
+        try:
+            return self.ports[port_num]
+        except KeyError:
+            known = ", ".join(str(num) for num in sorted(self.ports)) or "none"
+            raise FabricError(f"{self._name} has no port {port_num} (ports: {known})") from None
 
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -96,6 +96,10 @@ class CoreServices(abc.ABC):
     def publish(self, kind: str, data: Mapping[str, Any]) -> None:
         """Tell admin-socket subscribers about a change (e.g. a cache entry or group)."""
 
+    def wants(self, kind: str) -> bool:
+        """Whether ``publish(kind, ...)`` would reach anyone (skip building costly events)."""
+        return True
+
 
 @dataclass(eq=False)
 class CoreDevice:
@@ -225,6 +229,12 @@ class Provider(abc.ABC):
     async def resolve(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult:
         """Address form or path form (entry 0 type PATH). Honour NODELAY on the DEST entry
         (path form: on entry 0): answer ENODATA at once on a miss and keep resolving."""
+
+    def resolve_now(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult | None:
+        """Optional fast path: the answer to an address-form request when it needs no waiting
+        (a cache hit), else None and the core calls ``resolve``. When it returns None it must
+        have counted and changed nothing that ``resolve`` would not."""
+        return None
 
     @abc.abstractmethod
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:

@@ -74,31 +74,31 @@ class AcmMad:
                 f"gid_cnt: {len(self.gids)} MGIDs, at most {MAX_GIDS_IN_MAD} fit in a MAD"
             )
         gids = self.gids
-        if len(self.dest) == ADDR_LEN and len(self.src) == ADDR_LEN:
-            if all(len(gid) == GID_LEN for gid in gids):
-                try:
-                    fixed = _FIXED.pack(
-                        ACM_BASE_VERSION,
-                        ACM_MGMT_CLASS,
-                        ACM_CLASS_VERSION,
-                        self.method,
-                        self.status,
-                        self.control,
-                        self.tid,
-                        self.dest_type,
-                        self.dest_length,
-                        self.src_type,
-                        self.src_length,
-                        len(gids),
-                        self.resp_resources,
-                        self.init_depth,
-                        self.reserved,
-                        self.dest,
-                        self.src,
-                    )
-                    return (fixed + b"".join(gids)).ljust(MAD_SIZE, b"\0")
-                except (struct.error, TypeError):
-                    pass  # the field-by-field path names what does not fit
+        fits = len(self.dest) == ADDR_LEN and len(self.src) == ADDR_LEN
+        if fits and all(len(gid) == GID_LEN for gid in gids):
+            try:
+                fixed = _FIXED.pack(
+                    ACM_BASE_VERSION,
+                    ACM_MGMT_CLASS,
+                    ACM_CLASS_VERSION,
+                    self.method,
+                    self.status,
+                    self.control,
+                    self.tid,
+                    self.dest_type,
+                    self.dest_length,
+                    self.src_type,
+                    self.src_length,
+                    len(gids),
+                    self.resp_resources,
+                    self.init_depth,
+                    self.reserved,
+                    self.dest,
+                    self.src,
+                )
+                return (fixed + b"".join(gids)).ljust(MAD_SIZE, b"\0")
+            except (struct.error, TypeError):
+                pass  # the field-by-field path names what does not fit
         return self._encode_checked()
 
     def _encode_checked(self) -> bytes:

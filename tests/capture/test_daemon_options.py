@@ -14,17 +14,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options
-from ibacm.core.daemon import Daemon
-from ibacm.fabric.sim.topology import generate
-from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.registry import ProviderEntry
 from ibacm.tools.workload import receive_reply, resolve_request
 from ibacm.wire.client import AcmHdr, AcmStatus
 from ibacm.wire.erf import ErfRecord, UdPacket, parse_pcap
-
-IBACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+from tests.core.support import cluster
 
 
 def free_port() -> int:
@@ -40,32 +34,21 @@ def scrape(port: int) -> str:
 
 @pytest.mark.trio
 async def test_capture_file_and_metrics_port(tmp_path: Path) -> None:
-    world = SimWorld(generate(2))
     capture = tmp_path / "node1.pcap"
     metrics_port = free_port()
-    daemons: list[Daemon] = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(world.run)
-        for name in world.node_names:
-            home = tmp_path / name
-            home.mkdir()
-            (home / "ibacm_addr.cfg").write_text(f"{name} mlx5_0 1 default\n")
-            options = Options(log_file="stderr", run_dir=str(home), lock_file=str(home / "pid"))
-            if name == "node1":
-                options.capture_file = str(capture)
-                options.metrics_port = metrics_port
-            daemon = Daemon(
-                options,
-                world.fabric(name),
-                addr_file=str(home / "ibacm_addr.cfg"),
-                providers=[IBACMP],
-                admin=False,
-                kernel_service=False,
-            )
-            await nursery.start(daemon.run)
-            daemons.append(daemon)
 
-        stream = await trio.open_unix_socket(str(tmp_path / "node1" / "ibacm-unix.sock"))
+    def node1_observed(name: str, options: Options) -> None:
+        if name == "node1":
+            options.capture_file = str(capture)
+            options.metrics_port = metrics_port
+
+    async with cluster(
+        tmp_path,
+        nodes=2,
+        customize=node1_observed,
+        daemon_args=lambda name: {"kernel_service": False},
+    ) as run:
+        stream = await trio.open_unix_socket(run.socket("node1"))
         async with stream:
             with trio.fail_after(30):
                 await stream.send_all(resolve_request("node1", "node2", nodelay=False))
@@ -83,13 +66,6 @@ async def test_capture_file_and_metrics_port(tmp_path: Path) -> None:
         assert sent_request in lines
         assert 'ibacm_sa_request_duration_seconds_count{attribute="path_record"} 1.0' in lines
         assert 'ibacm_groups{endpoint="mlx5_0/1/0xffff",state="joined"} 1.0' in lines
-
-        for daemon in daemons:
-            daemon.request_shutdown()
-        with trio.fail_after(15):
-            for daemon in daemons:
-                await daemon.stopped.wait()
-        nursery.cancel_scope.cancel()
 
     pcap = parse_pcap(capture.read_bytes())
     classes = set()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ProviderLine, ServerMode
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
@@ -220,4 +222,68 @@ async def sim_core(
             yield Core(world, topo, dispatcher, counters, provider)
         finally:
             await topo.close()
+            nursery.cancel_scope.cancel()
+
+
+IBACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+
+
+@dataclass
+class Cluster:
+    """Daemons with the real default provider on one simulated fabric, in this process."""
+
+    world: SimWorld
+    daemons: dict[str, Daemon]
+    base: Path
+
+    def socket(self, node: str = "node1") -> str:
+        return str(self.base / node / "ibacm-unix.sock")
+
+
+@contextlib.asynccontextmanager
+async def cluster(
+    tmp_path: Path,
+    *,
+    nodes: int = 3,
+    ports: int = 1,
+    node1: Options | None = None,
+    customize: Callable[[str, Options], None] | None = None,
+    daemon_args: Callable[[str], dict[str, Any]] | None = None,
+) -> AsyncIterator[Cluster]:
+    """One daemon per node, each with its own directory ``tmp_path/<node>`` holding its
+    address file, sockets and pid file. ``node1`` replaces node1's options; ``customize``
+    edits each node's options; ``daemon_args`` adds Daemon keyword arguments per node."""
+    world = SimWorld(generate(nodes, ports_per_hca=ports))
+    daemons: dict[str, Daemon] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(world.run)
+        for name in world.node_names:
+            home = tmp_path / name
+            home.mkdir()
+            (home / "ibacm_addr.cfg").write_text(f"{name} mlx5_0 1 default\n")
+            options = Options(log_file="stderr", run_dir=str(home), lock_file=str(home / "pid"))
+            if name == "node1" and node1 is not None:
+                options = node1
+                options.run_dir = str(home)
+            if customize is not None:
+                customize(name, options)
+            extra = daemon_args(name) if daemon_args is not None else {}
+            daemon = Daemon(
+                options,
+                world.fabric(name),
+                addr_file=str(home / "ibacm_addr.cfg"),
+                providers=[IBACMP],
+                admin=extra.pop("admin", False),
+                **extra,
+            )
+            await nursery.start(daemon.run)
+            daemons[name] = daemon
+        try:
+            yield Cluster(world, daemons, tmp_path)
+        finally:
+            for daemon in daemons.values():
+                daemon.request_shutdown()
+            with trio.move_on_after(10):
+                for daemon in daemons.values():
+                    await daemon.stopped.wait()
             nursery.cancel_scope.cancel()

@@ -13,17 +13,14 @@ import ipaddress
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from ibacm.acmp.provider import AcmpProvider
-from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
-from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import Counter
-from ibacm.provider.registry import ProviderEntry
 from ibacm.wire.netlink import (
     LsErrorReply,
     LsIpResolveReply,
@@ -34,8 +31,7 @@ from ibacm.wire.netlink import (
     encode_ls_ip_resolve_request,
     encode_ls_resolve_request,
 )
-
-IBACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+from tests.core.support import cluster
 
 
 @contextlib.asynccontextmanager
@@ -43,38 +39,19 @@ async def kernel_cluster(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[SimWorld, Daemon, trio.socket.SocketType]]:
     """node1 and node2 daemons; node1's kernel netlink socket is a socketpair end."""
-    world = SimWorld(generate(2))
     kernel_end, daemon_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     kernel = trio.socket.from_stdlib_socket(kernel_end)
-    daemons: list[Daemon] = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(world.run)
-        for name in world.node_names:
-            home = tmp_path / name
-            home.mkdir()
-            (home / "ibacm_addr.cfg").write_text(f"{name} mlx5_0 1 default\n")
-            options = Options(log_file="stderr", run_dir=str(home), lock_file=str(home / "pid"))
-            daemon = Daemon(
-                options,
-                world.fabric(name),
-                addr_file=str(home / "ibacm_addr.cfg"),
-                providers=[IBACMP],
-                admin=False,
-                inherited_netlink=daemon_end if name == "node1" else None,
-                kernel_service=name == "node1",
-            )
-            await nursery.start(daemon.run)
-            daemons.append(daemon)
-        try:
-            yield world, daemons[0], kernel
-        finally:
-            for daemon in daemons:
-                daemon.request_shutdown()
-            with trio.move_on_after(10):
-                for daemon in daemons:
-                    await daemon.stopped.wait()
-            nursery.cancel_scope.cancel()
-            kernel.close()
+
+    def netlink_for(name: str) -> dict[str, Any]:
+        if name == "node1":
+            return {"inherited_netlink": daemon_end, "kernel_service": True}
+        return {"kernel_service": False}
+
+    try:
+        async with cluster(tmp_path, nodes=2, daemon_args=netlink_for) as run:
+            yield run.world, run.daemons["node1"], kernel
+    finally:
+        kernel.close()
 
 
 async def next_message(kernel: trio.socket.SocketType) -> object:

@@ -11,73 +11,21 @@ import contextlib
 import errno
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ServerMode
-from ibacm.core.daemon import Daemon
-from ibacm.fabric.sim.topology import generate
-from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.registry import ProviderEntry
 from tests.conftest import require_peer
+from tests.core.support import cluster
 
-IBACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
 PERF_HEADER = (
     "svc,Error Count,Resolve Count,No Data,Addr Query Count,Addr Cache Count,"
     "Route Query Count,Route Cache Count"
 )
 RUN_PORT_FILE = Path("/run/ibacm-tcp.port")  # compiled into ib_acme, no override
-
-
-@dataclass
-class Cluster:
-    world: SimWorld
-    daemons: dict[str, Daemon]
-    base: Path
-
-    def socket(self, node: str = "node1") -> str:
-        return str(self.base / node / "ibacm-unix.sock")
-
-
-@contextlib.asynccontextmanager
-async def cluster(
-    tmp_path: Path, *, nodes: int = 3, ports: int = 1, node1: Options | None = None
-) -> AsyncIterator[Cluster]:
-    world = SimWorld(generate(nodes, ports_per_hca=ports))
-    daemons: dict[str, Daemon] = {}
-    async with trio.open_nursery() as nursery:
-        await nursery.start(world.run)
-        for name in world.node_names:
-            home = tmp_path / name
-            home.mkdir()
-            (home / "ibacm_addr.cfg").write_text(f"{name} mlx5_0 1 default\n")
-            options = Options(log_file="stderr", run_dir=str(home), lock_file=str(home / "pid"))
-            if name == "node1" and node1 is not None:
-                options = node1
-                options.run_dir = str(home)
-            daemon = Daemon(
-                options,
-                world.fabric(name),
-                addr_file=str(home / "ibacm_addr.cfg"),
-                providers=[IBACMP],
-                admin=False,
-            )
-            await nursery.start(daemon.run)
-            daemons[name] = daemon
-        try:
-            yield Cluster(world, daemons, tmp_path)
-        finally:
-            for daemon in daemons.values():
-                daemon.request_shutdown()
-            with trio.move_on_after(10):
-                for daemon in daemons.values():
-                    await daemon.stopped.wait()
-            nursery.cancel_scope.cancel()
 
 
 async def ib_acme(*args: str, timeout: float = 30) -> tuple[int, list[str], str]:

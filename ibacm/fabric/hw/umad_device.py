@@ -28,12 +28,12 @@ import trio
 
 from ibacm.fabric.api import (
     AddressVector,
-    Device,
     FabricError,
     Port,
     PortAttributes,
     PortEvent,
     PortEventType,
+    PortTableDevice,
     ReceivedMad,
     SaDestination,
     UdQp,
@@ -180,42 +180,25 @@ class UmadOnlyPort(Port):
         await self._sa.aclose()
 
 
-class UmadOnlyDevice(Device):
+class UmadOnlyDevice(PortTableDevice["UmadOnlyPort"]):
     """A CA seen through libibumad only; port changes are found by polling."""
 
     def __init__(
         self, umad: UmadApi, ca: UmadCaInfo, *, poll_interval: float = POLL_INTERVAL
     ) -> None:
+        super().__init__(ca.name, ca.node_guid)
         self._ca = ca
-        self._ports = {
+        self.ports = {
             info.port_num: UmadOnlyPort(umad, ca.name, info.port_num) for info in ca.ports
         }
         self._poll_interval = poll_interval
         self._last = {info.port_num: umad_port_attributes(info) for info in ca.ports}
         self._events: deque[PortEvent] = deque()
 
-    @property
-    def name(self) -> str:
-        return self._ca.name
-
-    @property
-    def node_guid(self) -> int:
-        return self._ca.node_guid
-
-    @property
-    def phys_port_cnt(self) -> int:
-        return max(self._ports, default=0)
-
-    def port(self, port_num: int) -> Port:
-        try:
-            return self._ports[port_num]
-        except KeyError:
-            raise FabricError(f"{self.name} has no port {port_num}") from None
-
     async def wait_event(self) -> PortEvent:
         while not self._events:
             await trio.sleep(self._poll_interval)
-            for num, port in self._ports.items():
+            for num, port in self.ports.items():
                 current = await trio.to_thread.run_sync(port.query_sync)
                 for kind in port_changes(self._last[num], current):
                     self._events.append(PortEvent(num, kind))
@@ -223,5 +206,5 @@ class UmadOnlyDevice(Device):
         return self._events.popleft()
 
     async def aclose(self) -> None:
-        for port in self._ports.values():
+        for port in self.ports.values():
             await port.aclose()

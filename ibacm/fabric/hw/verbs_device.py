@@ -18,11 +18,11 @@ import structlog
 import trio
 
 from ibacm.fabric.api import (
-    Device,
     FabricError,
     Port,
     PortAttributes,
     PortEvent,
+    PortTableDevice,
     SaDestination,
     UdQp,
 )
@@ -68,7 +68,7 @@ class HwPort(Port):
         await self._sa.aclose()
 
 
-class HwDevice(Device):
+class HwDevice(PortTableDevice["HwPort"]):
     """One opened verbs device (context, PD) with its ports."""
 
     def __init__(
@@ -80,33 +80,17 @@ class HwDevice(Device):
         self._ctx = ctx
         self._ctx_handle = handles.context(ctx)
         attr = ctx.query_device()
-        self._name = str(ctx.name.decode() if isinstance(ctx.name, bytes) else ctx.name)
-        self._node_guid = native_be64(attr.node_guid)
-        self._port_count = int(attr.phys_port_cnt)
+        super().__init__(
+            str(ctx.name.decode() if isinstance(ctx.name, bytes) else ctx.name),
+            native_be64(attr.node_guid),
+        )
         self._pd = pv.pd.PD(ctx)
         self._events: deque[PortEvent] = deque()
         self._poller = TurnPoller(self._event_step, name=f"async events of {self._name}")
-        self._ports = [
-            HwPort(self, num, PortSa(umad, self._name, num))
-            for num in range(1, self._port_count + 1)
-        ]
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def node_guid(self) -> int:
-        return self._node_guid
-
-    @property
-    def phys_port_cnt(self) -> int:
-        return self._port_count
-
-    def port(self, port_num: int) -> Port:
-        if not 1 <= port_num <= self._port_count:
-            raise FabricError(f"{self._name} has ports 1..{self._port_count}, not {port_num}")
-        return self._ports[port_num - 1]
+        self.ports = {
+            num: HwPort(self, num, PortSa(umad, self._name, num))
+            for num in range(1, int(attr.phys_port_cnt) + 1)
+        }
 
     async def wait_event(self) -> PortEvent:
         await self._poller.wait_until(lambda: bool(self._events))
@@ -150,7 +134,7 @@ class HwDevice(Device):
     async def _event_step(self) -> None:
         await trio.lowlevel.wait_readable(self._ctx_handle.async_fd)
         record = self._lib.get_async_event(self._ctx_handle)
-        found = attrs.port_events(record.event_type, record.element, self._port_count)
+        found = attrs.port_events(record.event_type, record.element, self.phys_port_cnt)
         if not found:
             log.info("async event ignored", device=self._name, event_type=record.event_type)
         self._events.extend(PortEvent(port, kind) for port, kind in found)
@@ -161,7 +145,7 @@ class HwDevice(Device):
         self._poller.close()
         trio.lowlevel.notify_closing(self._ctx_handle.async_fd)
         await self._poller.wait_idle()
-        for port in self._ports:
+        for port in self.ports.values():
             await port.aclose()
         self._pd.close()
         self._ctx.close()

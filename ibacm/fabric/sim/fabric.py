@@ -28,6 +28,7 @@ from ibacm.fabric.api import (
     Port,
     PortAttributes,
     PortEvent,
+    PortTableDevice,
     ReceivedMad,
     SaDestination,
     UdQp,
@@ -154,32 +155,15 @@ class SimPort(Port):
             self._agent = None
 
 
-class SimDevice(Device):
+class SimDevice(PortTableDevice["SimPort"]):
     def __init__(self, fabric: SimFabric, runtime: DeviceRuntime) -> None:
+        super().__init__(runtime.name, runtime.node_guid)
         self.fabric = fabric
         self.world = fabric.world
         self._runtime = runtime
-        self._ports = {p.num: SimPort(self, p) for p in runtime.ports}
+        self.ports = {p.num: SimPort(self, p) for p in runtime.ports}
         self._events_in, self._events_out = trio.open_memory_channel[PortEvent](math.inf)
         self.world.subscribe_events(runtime, self)
-
-    @property
-    def name(self) -> str:
-        return self._runtime.name
-
-    @property
-    def node_guid(self) -> int:
-        return self._runtime.node_guid
-
-    @property
-    def phys_port_cnt(self) -> int:
-        return max(self._ports, default=0)
-
-    def port(self, port_num: int) -> Port:
-        try:
-            return self._ports[port_num]
-        except KeyError:
-            raise FabricError(f"{self.name} has no port {port_num}") from None
 
     def deliver_event(self, event: PortEvent) -> None:
         with contextlib.suppress(trio.ClosedResourceError):
@@ -190,7 +174,7 @@ class SimDevice(Device):
 
     def close(self) -> None:
         self.world.unsubscribe_events(self._runtime, self)
-        for port in self._ports.values():
+        for port in self.ports.values():
             port.close()
         self._events_out.close()
         self._events_in.close()

@@ -38,6 +38,7 @@ from ibacm.fabric.api import (
     PortEvent,
     PortEventType,
     PortState,
+    PortTableDevice,
     ReceivedMad,
     SaDestination,
     SaSendError,
@@ -354,34 +355,15 @@ class HubPort(Port):
         return qp
 
 
-class HubDevice(Device):
+class HubDevice(PortTableDevice["HubPort"]):
     def __init__(self, fabric: HubFabric, index: int, raw: dict[str, Any]) -> None:
+        super().__init__(str(raw["name"]), int(raw["node_guid"]))
         self.fabric = fabric
         self.index = index
-        self._name = str(raw["name"])
-        self._guid = int(raw["node_guid"])
         self.ports = {
             int(p["num"]): HubPort(self, int(p["num"]), int(p["agent"])) for p in raw["ports"]
         }
         self.events: deque[PortEvent] = deque()
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def node_guid(self) -> int:
-        return self._guid
-
-    @property
-    def phys_port_cnt(self) -> int:
-        return max(self.ports, default=0)
-
-    def port(self, port_num: int) -> Port:
-        try:
-            return self.ports[port_num]
-        except KeyError:
-            raise FabricError(f"{self._name} has no port {port_num}") from None
 
     async def wait_event(self) -> PortEvent:
         fabric = self.fabric
