@@ -16,12 +16,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ibacm.wire import admin
 from tests.conftest import require_peer
 from tests.peers.ibsim import SimFabric, saquery_path
 
@@ -82,6 +84,7 @@ def daemon(
             )
         try:
             _wait_ready(notify, process, directory)
+            _wait_joined(directory / "run" / "ibacm-admin.sock")
             yield RunningDaemon(directory / "run" / "ibacm-unix.sock", directory / "run", log)
         finally:
             process.send_signal(signal.SIGTERM)
@@ -105,6 +108,29 @@ def _wait_ready(notify: socket.socket, process: subprocess.Popen[bytes], directo
         log = directory / "ibacm.log"
         tail = log.read_text()[-3000:] if log.exists() else ""
         raise AssertionError(f"the daemon did not become ready:\n{tail}") from None
+
+
+def _wait_joined(admin_path: Path) -> None:
+    """READY=1 means the sockets serve; resolutions need the endpoints' multicast joins too
+    (until then the daemon rightly answers ENODATA). Ask the admin socket until they are."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(admin_path))
+            sock.sendall(admin.encode_request(admin.Request(admin.Command.SNAPSHOT, 1, {})))
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(1 << 20)
+                assert chunk, "admin socket closed"
+                data += chunk
+        reply = admin.parse_server_message(data.splitlines()[0])
+        assert isinstance(reply, admin.Reply) and reply.ok, reply
+        endpoints = reply.result["endpoints"]
+        if endpoints and all(ep["state"] == "ready" for ep in endpoints):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"endpoints not joined after {READY_TIMEOUT} s: {endpoints}")
 
 
 def ib_acme(daemon: RunningDaemon, *args: str) -> str:
