@@ -11,7 +11,8 @@ test:
 demo:
 	bash scripts/demo.sh
 
-# BENCH_FULL=1 adds the 4096-node storm (long); BENCH_SECONDS sets seconds per throughput point.
+# BENCH_FULL=1 adds the 4096-node storm (long); BENCH_SECONDS and BENCH_ROUNDS set the
+# seconds and repetitions of each throughput point.
 bench: bench-startup bench-throughput bench-storm
 
 bench-throughput:

@@ -174,6 +174,7 @@ class DestEntry:
         "remote_qpn",
         "reply_tid",
         "route_expiry",
+        "scheduled",
         "state",
         "wake",
     )
@@ -203,6 +204,8 @@ class DestEntry:
         """Requests answered straight from this entry."""
         self.ready_at = math.nan
         """When the entry last became READY (trio clock)."""
+        self.scheduled = math.inf
+        """The deadline of this entry's pending wake-up in the cache's expiry heap."""
 
     @property
     def addr_type(self) -> int:
@@ -340,8 +343,12 @@ class DestCache:
         self._schedule(entry, entry.addr_expiry)
 
     def _schedule(self, entry: DestEntry, deadline: float) -> None:
-        if deadline != math.inf and not entry.loopback:
-            heapq.heappush(self._deadlines, (deadline, next(self._seq), entry))
+        # One pending wake-up per entry: a later deadline waits for the earlier wake-up,
+        # which schedules what is left (an all-to-all would push 3 heap items per entry).
+        if deadline == math.inf or entry.loopback or entry.scheduled <= deadline:
+            return
+        entry.scheduled = deadline
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), entry))
 
     def next_deadline(self) -> float:
         return self._deadlines[0][0] if self._deadlines else math.inf
@@ -354,7 +361,10 @@ class DestCache:
         """
         changed = 0
         while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, entry = heapq.heappop(self._deadlines)
+            deadline, _, entry = heapq.heappop(self._deadlines)
+            if entry.scheduled != deadline:
+                continue  # an earlier wake-up of this entry took over
+            entry.scheduled = math.inf
             if self._entries.get(entry.key) is not entry or entry.busy:
                 continue  # gone, replaced, or being worked on (it will get new deadlines)
             if entry.addr_expiry <= now and entry.state >= EntryState.ADDR_RESOLVED:
@@ -362,10 +372,14 @@ class DestCache:
                 self.expired += 1
                 changed += 1
                 self._tell(entry, True)
-            elif entry.route_expiry <= now and entry.state == EntryState.READY:
+                continue
+            if entry.route_expiry <= now and entry.state == EntryState.READY:
                 entry.state = EntryState.ADDR_RESOLVED
                 changed += 1
                 self._tell(entry, False)
+            later = [d for d in (entry.addr_expiry, entry.route_expiry) if d > now]
+            if later:
+                self._schedule(entry, min(later))
         return changed
 
     # -- bound ----------------------------------------------------------------------------

@@ -164,8 +164,9 @@ class AcmMad:
             raise GidCountError(
                 f"gid_cnt: {gid_cnt} MGIDs claimed, at most {MAX_GIDS_IN_MAD} fit in a MAD"
             )
+        raw = data if type(data) is bytes else bytes(data)
         gids = [
-            bytes(data[offset : offset + GID_LEN])
+            raw[offset : offset + GID_LEN]
             for offset in range(_GID_OFFSET, _GID_OFFSET + GID_LEN * gid_cnt, GID_LEN)
         ]
         return cls(

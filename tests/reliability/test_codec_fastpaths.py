@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ibacm.wire.acm_mad import AcmMad
-from ibacm.wire.client import AcmHdr, AcmMessage, EpAddr
+from ibacm.wire.client import PATH_REPLY_FLAGS, AcmHdr, AcmMessage, EpAddr, encode_resolve_reply
 from ibacm.wire.errors import FieldRangeError, WireError
 from ibacm.wire.path_record import PathRecord
 from tests.wire.strategies import acm_mads, ep_addrs, path_records, uint
@@ -107,3 +107,16 @@ def test_bad_header_and_entry_values_name_the_field() -> None:
 @given(path_records, st.binary(min_size=16, max_size=16), uint(16))
 def test_aimed_at_is_replace(record: PathRecord, dgid: bytes, dlid: int) -> None:
     assert record.aimed_at(dgid, dlid) == dataclasses.replace(record, dgid=dgid, dlid=dlid)
+
+
+@settings(max_examples=200, deadline=None)
+@given(path_records, uint(64), st.booleans())
+def test_one_path_reply_matches_the_general_encoding(
+    record: PathRecord, tid: int, ack: bool
+) -> None:
+    request = AcmHdr(opcode=1, tid=tid)
+    general = AcmMessage(
+        AcmHdr(opcode=0x81 if ack else 0x01, tid=tid),
+        [EpAddr.from_path(record, PATH_REPLY_FLAGS)],
+    ).encode()
+    assert encode_resolve_reply(request, 0, [record], None, ack=ack) == general
