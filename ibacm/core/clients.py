@@ -26,6 +26,7 @@ import trio
 
 from ibacm.core.dispatch import Dispatcher
 from ibacm.wire.client import HDR_LEN, MSG_MAX, ClientFramer, FramingError, FramingFault
+from ibacm.wire.errors import WireError
 
 log = structlog.get_logger("ibacm.clients")
 
@@ -173,6 +174,12 @@ class Connection:
             data = self.dispatcher.answer_now(frame)
             if data is None:
                 data = self.dispatcher.resolve_now(frame, self.name)
+        except WireError as exc:
+            # Framed but not decodable (e.g. opcode 0x81 on a request): close, as for any
+            # malformed request (client-protocol §8); nobody else notices.
+            log.info("malformed request; closing the connection", client=self.name, reason=str(exc))
+            self._queue(_done(None))
+            return False
         except Exception:
             # C closes a connection whose handler fails; nobody else notices.
             log.exception("request failed; closing the connection", client=self.name)
@@ -206,6 +213,9 @@ class Connection:
     async def _resolve(self, frame: bytes, reply: _Reply) -> None:
         try:
             data: bytes | None = await self.dispatcher.resolve(frame, self.name)
+        except WireError as exc:
+            log.info("malformed request; closing the connection", client=self.name, reason=str(exc))
+            data = None
         except Exception:
             log.exception("request failed; closing the connection", client=self.name)
             data = None

@@ -86,6 +86,8 @@ async def test_pipelined_requests_are_answered_in_order(tmp_path: Path) -> None:
         (bytes([1, 1, 0, 0, 0, 0, 0x60, 0x02]) + bytes(8), None),  # RESOLVE of 608 bytes
         (bytes([1, 3, 0, 0, 0, 0, 0, 88]) + bytes(80), None),  # EP_QUERY must be 16
         (bytes([1, 1, 0, 0, 0, 0, 8, 0]), AcmStatus.EINVAL),  # RESOLVE shorter than 16
+        # Opcode byte 0x81 on a request: framed big-endian (server rule), undecodable.
+        (bytes([1, 0x81, 0, 0, 0, 0, 0, 88]) + bytes(80), None),
     ],
 )
 async def test_bad_request_closes_only_the_offender(
