@@ -30,7 +30,7 @@ from tests.wire.strategies import acm_messages
 
 EXAMPLES = soak(150, 100_000)
 GOOD = resolve_frame("node1", "node2")
-READ_WINDOW = 0.2
+READ_WINDOW = 0.05
 """Seconds the fuzzer waits for the daemon's answers before it hangs up."""
 
 
