@@ -160,13 +160,6 @@ class RmppFlag(enum.IntFlag):
 
 
 RMPP_VERSION = 1
-RMPP_TYPE_DATA = RmppType.DATA
-RMPP_TYPE_ACK = RmppType.ACK
-RMPP_TYPE_STOP = RmppType.STOP
-RMPP_TYPE_ABORT = RmppType.ABORT
-RMPP_FLAG_ACTIVE = RmppFlag.ACTIVE
-RMPP_FLAG_FIRST = RmppFlag.FIRST
-RMPP_FLAG_LAST = RmppFlag.LAST
 _RMPP_FLAG_MASK = 0x07  # the low 3 bits of rmpp_rtime_flags; the upper 5 are RespTime
 
 

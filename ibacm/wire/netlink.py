@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ibacm.wire.buffer import Buffer
-from ibacm.wire.client import EpFlag
+from ibacm.wire.client import EpFlag, PathFlag
 from ibacm.wire.errors import (
     BadLengthError,
     BadOpcodeError,
@@ -89,25 +89,8 @@ class PathUse(enum.IntEnum):
     GMP = 2
 
 
-class IbPathFlag(enum.IntFlag):
-    """``IB_PATH_*``: flags of a PATH_RECORD attribute."""
-
-    GMP = 0x01
-    PRIMARY = 0x02
-    ALTERNATE = 0x04
-    OUTBOUND = 0x08
-    INBOUND = 0x10
-    INBOUND_REVERSE = 0x20
-    BIDIRECTIONAL = 0x28
-
-
-IB_PATH_GMP = IbPathFlag.GMP
-IB_PATH_PRIMARY = IbPathFlag.PRIMARY
-IB_PATH_ALTERNATE = IbPathFlag.ALTERNATE
-IB_PATH_OUTBOUND = IbPathFlag.OUTBOUND
-IB_PATH_INBOUND = IbPathFlag.INBOUND
-IB_PATH_INBOUND_REVERSE = IbPathFlag.INBOUND_REVERSE
-IB_PATH_BIDIRECTIONAL = IbPathFlag.BIDIRECTIONAL
+IbPathFlag = PathFlag
+"""``IB_PATH_*`` flags of a PATH_RECORD attribute: the same bits as ``IBV_PATH_FLAG_*``."""
 
 # Payload sizes of the attributes a request may carry; PATH_RECORD is reply-only.
 _REQUEST_ATTR_SIZES: dict[int, int] = {
