@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import structlog
 import trio
 
 from ibacm import __version__
 from ibacm.core.events import Event, EventBus, Subscription
+from ibacm.log import get_logger
 from ibacm.wire import admin as wire
 
-log = structlog.get_logger("ibacm.admin")
+log = get_logger("ibacm.admin")
 
 SOCKET_MODE = 0o600
 MAX_CLIENTS = 64

@@ -18,7 +18,6 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-import structlog
 import trio
 
 from ibacm import __version__
@@ -32,8 +31,9 @@ from ibacm.core.logging import LogControl
 from ibacm.core.pidfile import LockFileError, PidLock
 from ibacm.core.systemd import InheritedSockets, Notifier, SocketActivationError, take_listen_fds
 from ibacm.fabric.api import Fabric, FabricError, NoDevicesError
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.cli")
+log = get_logger("ibacm.cli")
 
 SIM_HINT = "To try ibacm without hardware run: ibacm-sim up --nodes 4 --dir /tmp/ibacm-sim"
 EXIT_USAGE = 1

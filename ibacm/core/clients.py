@@ -4,8 +4,10 @@ Fixes the C server's limits (defects 1-3): requests are framed from the byte str
 recv() per message is not needed, pipelined requests work), there is no client limit
 (select()/FD_SETSIZE is gone), and every connection sends its own replies from its own task.
 
-Per connection: a reader task frames requests and starts one task per request; a writer task
-sends the replies in REQUEST order, each with one ``send_all`` of the whole reply (ib_acme
+One ``Poller`` task reads all client sockets (epoll); each connection frames its bytes and
+answers what is at hand (a cache hit) on the spot, in one write; a request that has to wait
+gets a task in the connection's nursery. A writer task per connection sends queued replies
+in REQUEST order, each with one ``send_all`` of the whole reply (ib_acme
 reads a reply with a single recv()). Replies waiting to be written sit in a bounded queue: a
 client that sends requests but never reads fills it and is dropped with a log line, while
 everybody else is served as usual. A malformed stream is closed exactly where the C server
@@ -14,21 +16,23 @@ closes (client-protocol.md §8) after the replies to its earlier requests were s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
+import select
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import structlog
 import trio
 
 from ibacm.core.dispatch import Dispatcher
+from ibacm.log import get_logger
 from ibacm.wire.client import HDR_LEN, MSG_MAX, ClientFramer, FramingError, FramingFault
 from ibacm.wire.errors import WireError
 
-log = structlog.get_logger("ibacm.clients")
+log = get_logger("ibacm.clients")
 
 MAX_PENDING_REPLIES = 256
 """Replies one connection may have outstanding before it counts as not reading."""
@@ -66,7 +70,11 @@ def peer_name(stream: trio.SocketStream, number: int) -> str:
 
 
 class Connection:
-    """One client, from accept to close."""
+    """One client, from accept to close.
+
+    Its task owns the connection's nursery (the writer, and one task per request that has to
+    wait); its bytes are read by the server's ``Poller``, which calls ``on_readable``.
+    """
 
     def __init__(
         self,
@@ -79,73 +87,86 @@ class Connection:
         self.stream = stream
         self.dispatcher = dispatcher
         self.name = name
-        self.read_scope = trio.CancelScope()
         self.requests = 0
+        self._fd = stream.socket.fileno()
+        self._framer = ClientFramer()
         self._send, self._receive = trio.open_memory_channel[_Reply](max_pending)
         self._nursery: trio.Nursery | None = None
+        self._poller: Poller | None = None
+        self._reading = True
+        self._reading_done = trio.Event()
+        self._outbox: list[bytes] = []
+        """Replies answered at once in the poller's current round, written at its end
+        (``flush``): one write per connection per round, and the client is woken once."""
         self._owed = 0
         """Replies queued for the writer and not yet written: 0 means a reply that is ready
         may be written at once without overtaking another (the cache-hit fast path)."""
 
     def stop_reading(self) -> None:
         """Shutdown: take no more requests; the replies already owed are still sent."""
-        self.read_scope.cancel()
+        if self._poller is not None:
+            self._poller.forget(self._fd)
+        self._reading = False
+        self._reading_done.set()
 
     def abort(self) -> None:
+        self.stop_reading()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def run(self) -> None:
+    async def run(self, poller: Poller) -> None:
         async with self.stream, trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._writer)
             try:
-                with self.read_scope:
-                    await self._reader(nursery)
-            except _Overrun:
-                log.warning(
-                    "client dropped: it does not read its replies",
-                    client=self.name,
-                    outstanding=self._send.statistics().current_buffer_used,
-                )
-                nursery.cancel_scope.cancel()
+                if self._reading:
+                    self._poller = poller
+                    poller.watch(self._fd, self)
+                    await self._reading_done.wait()
             finally:
+                poller.forget(self._fd)
                 # The writer sends what is owed, then ends (closing the connection).
                 self._send.close()
 
-    async def _reader(self, nursery: trio.Nursery) -> None:
-        framer = ClientFramer()
-        unframed = bytearray()  # the bytes the framer holds, for the §8 length<16 reply
-        sock = self.stream.socket
-        fd = sock.fileno()
-        waited = True
-        while True:
-            # Plain non-blocking reads: SocketStream.receive_some costs several scheduler
-            # round trips per request, which dominates a cached RESOLVE.
-            try:
-                data = os.read(fd, RECEIVE_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                waited = True
-                continue
-            except OSError:
-                nursery.cancel_scope.cancel()
-                return
-            if not waited:
-                await trio.lowlevel.checkpoint()  # a client that never pauses yields too
-            waited = False
-            if not data:
-                return
-            unframed += data
-            try:
-                framer.feed(data)
-                while (frame := framer.next_frame()) is not None:
-                    del unframed[: len(frame)]
-                    if not self._submit(nursery, frame):
-                        return
-            except FramingError as exc:
-                self._protocol_error(exc, bytes(unframed[:HDR_LEN]))
-                return
+    def on_readable(self) -> None:
+        """The socket has bytes (or EOF): read once, answer every whole request in them.
+
+        One read per call, so a client that never pauses gets its turn like everybody else.
+        """
+        if not self._reading:
+            return
+        try:
+            data = os.read(self._fd, RECEIVE_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.abort()
+            return
+        if not data:
+            self.stop_reading()
+            return
+        try:
+            self._take(data)
+        except _Overrun:
+            log.warning(
+                "client dropped: it does not read its replies",
+                client=self.name,
+                outstanding=self._send.statistics().current_buffer_used,
+            )
+            self.abort()
+
+    def _take(self, data: bytes) -> None:
+        framer = self._framer
+        try:
+            framer.feed(data)
+            while (frame := framer.next_frame()) is not None:
+                if not self._submit(frame):
+                    self.stop_reading()
+                    return
+        except FramingError as exc:
+            # The framer still holds the offending message: its header answers §8's case.
+            self._protocol_error(exc, framer.head(HDR_LEN))
+            self.stop_reading()
 
     def _protocol_error(self, exc: FramingError, head: bytes) -> None:
         log.warning("client request rejected; closing", client=self.name, reason=exc.reason)
@@ -157,6 +178,12 @@ class Connection:
 
     def _queue(self, reply: _Reply) -> bool:
         """Give ``reply`` its place in the order; False once the connection is closing."""
+        if self._outbox:
+            # Replies answered earlier in this round go first.
+            outbox = b"".join(self._outbox)
+            self._outbox.clear()
+            if not self._queue(_done(outbox)):
+                return False
         try:
             self._send.send_nowait(reply)
         except trio.WouldBlock:
@@ -166,7 +193,7 @@ class Connection:
         self._owed += 1
         return True
 
-    def _submit(self, nursery: trio.Nursery, frame: bytes) -> bool:
+    def _submit(self, frame: bytes) -> bool:
         """Answer or queue the request's reply; False when the connection must read no
         further."""
         self.requests += 1
@@ -186,29 +213,37 @@ class Connection:
             self._queue(_done(None))
             return False
         if data is not None:
-            if self._owed == 0:
-                return self._write_now(data)
-            return self._queue(_done(data))
+            if self._owed:
+                return self._queue(_done(data))
+            if not self._outbox:
+                assert self._poller is not None  # requests are read only by the poller
+                self._poller.flush_later(self)
+            self._outbox.append(data)
+            return True
         reply = _Reply()
         if not self._queue(reply):
             return False
-        nursery.start_soon(self._resolve, frame, reply)
+        assert self._nursery is not None  # requests are read only while run() is inside it
+        self._nursery.start_soon(self._resolve, frame, reply)
         return True
 
-    def _write_now(self, data: bytes) -> bool:
-        """Nothing is owed before this reply: write it here, in one write (ib_acme reads a
-        reply with one recv). What does not fit now goes to the writer, still in order."""
+    def flush(self) -> None:
+        """Write the replies answered in this round, in one write (ib_acme reads a reply with
+        one recv). Nothing is owed before them; what does not fit goes to the writer."""
+        if not self._outbox:
+            return
+        data = b"".join(self._outbox)
+        self._outbox.clear()
         try:
-            written = os.write(self.stream.socket.fileno(), data)
+            written = os.write(self._fd, data)
         except BlockingIOError:
             written = 0
         except OSError:
             log.debug("client went away before its reply", client=self.name)
             self.abort()
-            return False
-        if written == len(data):
-            return True
-        return self._queue(_done(data[written:]))
+            return
+        if written < len(data):
+            self._queue(_done(data[written:]))
 
     async def _resolve(self, frame: bytes, reply: _Reply) -> None:
         try:
@@ -243,6 +278,60 @@ def _done(data: bytes | None) -> _Reply:
     return reply
 
 
+class Poller:
+    """Reads every client socket from one task.
+
+    A task per connection costs a trip through trio's scheduler for every request; here one
+    task waits on an epoll set of all client sockets (the epoll descriptor is itself waited
+    on through trio) and, each time, lets every readable connection read once and answer what
+    it can at once. Requests that must wait still get their own task in their connection's
+    nursery. The epoll set is level-triggered: bytes left unread are reported again.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._watched: dict[int, Connection] = {}
+        self._unflushed: list[Connection] = []
+
+    def watch(self, fd: int, connection: Connection) -> None:
+        self._epoll.register(fd, select.EPOLLIN)
+        self._watched[fd] = connection
+
+    def flush_later(self, connection: Connection) -> None:
+        """``connection`` has replies to write at the end of this round."""
+        self._unflushed.append(connection)
+
+    def forget(self, fd: int) -> None:
+        if self._watched.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):  # already closed: epoll dropped it itself
+                self._epoll.unregister(fd)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self._epoll:
+            task_status.started()
+            while True:
+                await trio.lowlevel.wait_readable(self._epoll.fileno())
+                for fd, _ in self._epoll.poll(0):
+                    connection = self._watched.get(fd)
+                    if connection is not None:
+                        self._guarded(connection, connection.on_readable)
+                # Replies go out together after the round: a client process that waits for
+                # several of them is woken once, not once per reply.
+                unflushed = self._unflushed
+                self._unflushed = []
+                for connection in unflushed:
+                    self._guarded(connection, connection.flush)
+
+    @staticmethod
+    def _guarded(connection: Connection, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:
+            # A bug costs this one client its connection; everybody else goes on.
+            log.exception("client handling failed; closing", client=connection.name)
+            connection.abort()
+
+
 class ClientServer:
     """Accepts clients on the listeners and serves each in its own connection."""
 
@@ -256,6 +345,7 @@ class ClientServer:
         self._listeners: list[trio.SocketListener] = []
         self._idle = trio.Event()
         self._numbers = itertools.count(1)
+        self._poller = Poller()
 
     @property
     def active(self) -> int:
@@ -271,6 +361,7 @@ class ClientServer:
         self._listeners = list(listeners)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self._poller.run)
             nursery.start_soon(self._accept_all)
             task_status.started()
 
@@ -305,7 +396,7 @@ class ClientServer:
         self._idle = trio.Event()
         log.debug("client connected", client=name)
         try:
-            await connection.run()
+            await connection.run(self._poller)
         finally:
             self.connections.discard(connection)
             log.debug("client disconnected", client=name, requests=connection.requests)

@@ -25,7 +25,6 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import structlog
 import trio
 
 from ibacm import __version__
@@ -46,12 +45,13 @@ from ibacm.core.systemd import Notifier
 from ibacm.core.topology import AddressFile, Topology, endpoint_summary, port_info
 from ibacm.fabric.api import Fabric, NoDevicesError
 from ibacm.fabric.capture import CaptureControl, CaptureError, TapFabric
+from ibacm.log import get_logger
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import PrefixRule, ProviderEntry, ProviderSet, discover_providers
 from ibacm.wire.client import AddrType
 
-log = structlog.get_logger("ibacm.daemon")
-config_log = structlog.get_logger(CONFIG_LOGGER)
+log = get_logger("ibacm.daemon")
+config_log = get_logger(CONFIG_LOGGER)
 
 SHUTDOWN_GRACE = 2.0
 """Seconds in-flight requests get to finish at shutdown."""

@@ -26,8 +26,6 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import structlog
-
 from ibacm.core.model import (
     AddressSlot,
     DeviceState,
@@ -45,6 +43,7 @@ from ibacm.core.srcaddr import (
     select_source,
 )
 from ibacm.fabric.api import FabricError, SaTimeout
+from ibacm.log import get_logger
 from ibacm.provider.api import Counter, Counters, ResolveRequest, ResolveResult
 from ibacm.wire.client import (
     EP_LEN,
@@ -63,7 +62,9 @@ from ibacm.wire.client import (
     PerfScope,
     decode_ep_request,
     decode_perf_request,
+    decode_resolve_pair,
     encode_ep_reply,
+    encode_one_path_reply,
     encode_perf_reply,
     encode_query_sa_reply,
     encode_resolve_reply,
@@ -72,13 +73,16 @@ from ibacm.wire.client import (
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
-log = structlog.get_logger("ibacm.dispatch")
+log = get_logger("ibacm.dispatch")
 
 QUERY_SA_LENGTH = HDR_LEN + EP_LEN  # 88
 # Plain ints: ``int & IntFlag`` goes through enum's slow reflected operator on every request.
 _SOURCE = int(EpFlag.SOURCE)
 _DEST = int(EpFlag.DEST)
 _QUERY_SA = int(EpFlag.QUERY_SA)
+_RESOLVE = int(AcmOp.RESOLVE)
+_PERF_QUERY = int(AcmOp.PERF_QUERY)
+_EP_QUERY = int(AcmOp.EP_QUERY)
 COUNTER_MASK = 0xFFFFFFFFFFFFFFFF
 
 
@@ -192,13 +196,13 @@ class Dispatcher:
         by ``resolve`` (None is returned).
         """
         op = frame[1] & OP_MASK
-        if op == AcmOp.PERF_QUERY:
-            return self.perf_query(frame)
-        if op == AcmOp.EP_QUERY:
-            return self.ep_query(frame)
-        if op == AcmOp.RESOLVE:
+        if op == _RESOLVE:
             self.counters.increment(Counter.RESOLVE)
             return None
+        if op == _PERF_QUERY:
+            return self.perf_query(frame)
+        if op == _EP_QUERY:
+            return self.ep_query(frame)
         raise WireError(f"opcode 0x{frame[1]:02x} is not a request this server handles")
 
     async def handle(self, frame: bytes, client: str) -> bytes:
@@ -218,6 +222,12 @@ class Dispatcher:
         else, errors included, is left to ``resolve`` untouched, so counters and replies are
         exactly what ``resolve`` gives.
         """
+        pair = decode_resolve_pair(frame)
+        if pair is not None:
+            source, dest = pair
+            # SOURCE then DEST, nothing else flagged: the plan is known without building it.
+            if source.flags == _SOURCE and dest.flags == _DEST and is_address_type(dest.type):
+                return self._answer_now(frame, pair, 0, 1, client)
         try:
             message = AcmMessage.decode(frame)
             if message.entries[0].type == AddrType.PATH:
@@ -227,16 +237,31 @@ class Dispatcher:
             return None
         if plan.src_index is None:
             return None
-        source = plan.entries[plan.src_index]
+        return self._answer_now(frame, plan.entries, plan.src_index, plan.dst_index, client)
+
+    def _answer_now(
+        self,
+        frame: bytes,
+        entries: tuple[EpAddr, ...],
+        src_index: int,
+        dst_index: int,
+        client: str,
+    ) -> bytes | None:
+        source = entries[src_index]
         slot = find_address(self.devices, source.type, source.info)
-        provider = slot.owner.port.provider if slot is not None else None
-        if slot is None or provider is None:
+        if slot is None:
             return None
-        request = ResolveRequest(plan.entries, plan.src_index, plan.dst_index, client)
+        provider = slot.owner.port.provider
+        if provider is None:
+            return None
+        request = ResolveRequest(entries, src_index, dst_index, client)
         result = provider.resolve_now(slot.ctx, request)
         if result is None:
             return None
-        reply = self.resolve_reply(message.hdr, result, None)
+        paths = result.paths
+        if result.status == AcmStatus.SUCCESS and len(paths) == 1 and self.max_paths >= 1:
+            return encode_one_path_reply(frame, paths[0])
+        reply = self.resolve_reply(AcmHdr.decode(frame), result, None)
         count_reply(self.counters, result.status)
         return reply
 

@@ -24,13 +24,13 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
 import trio
 
 from ibacm.config.options import ServerMode
 from ibacm.config.paths import TCP_PORT_FILE_NAME, UNIX_SOCKET_NAME, RunPaths
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.listeners")
+log = get_logger("ibacm.listeners")
 
 UNIX_SOCKET_MODE = 0o666
 _UNIX_PATH_MAX = 107

@@ -22,6 +22,8 @@ from typing import IO, Any, Protocol
 
 import structlog
 
+from ibacm import log as ibacm_log
+
 CONFIG_LOGGER = "ibacm.config"
 """Logger of the start-up configuration banner, written at every log level (as C does)."""
 
@@ -187,6 +189,5 @@ class LogControl:
         return event_dict
 
 
-def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name)
-    return logger
+get_logger = ibacm_log.get_logger
+"""A module's logger (level-gated, see ``ibacm.log``)."""

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 import trio
 
 try:
@@ -43,8 +42,9 @@ except ImportError as exc:  # the optional extra is missing: say how to get it
     ) from exc
 
 from ibacm.fabric.capture import MadTrace, SaExchange, SaOutcome
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.metrics")
+log = get_logger("ibacm.metrics")
 
 DEFAULT_HOST = "127.0.0.1"
 METRICS_PATH = "/metrics"

@@ -42,9 +42,11 @@ class AddressOrigin(enum.Enum):
 AddressKey = tuple[int, bytes]
 
 
+@functools.lru_cache(maxsize=4096)
 def address_key(addr_type: int, info: bytes) -> AddressKey:
     """Key under which two local addresses are the same: type + significant bytes (names
-    compared case-insensitively), as the C core compares them."""
+    compared case-insensitively), as the C core compares them. A pure function, memoised:
+    every RESOLVE looks its source address up by it."""
     return match_key(addr_type, pad_address(addr_type, info))
 
 
@@ -195,14 +197,22 @@ def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) ->
 
     Only NAME, IP and IP6 can be local addresses; other types never match.
     """
-    if addr_type not in (AddrType.NAME, AddrType.IP, AddrType.IP6):
+    if addr_type not in _LOCAL_TYPES:
         return None
     key = address_key(addr_type, info)
-    for endpoint in iter_endpoints(devices):
-        slot = endpoint.find(key)
-        if slot is not None:
-            return slot
+    # Plain loops: this runs for every RESOLVE (iter_endpoints' order, without generators).
+    for device in devices:
+        for port in device.ports:
+            if port.core is None:  # not up
+                continue
+            for endpoint in port.endpoints:
+                for slot in endpoint.slots:
+                    if slot is not None and slot.key == key:
+                        return slot
     return None
+
+
+_LOCAL_TYPES = frozenset((AddrType.NAME, AddrType.IP, AddrType.IP6))
 
 
 def all_addresses(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:

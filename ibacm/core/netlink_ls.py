@@ -26,9 +26,9 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-import structlog
 import trio
 
+from ibacm.log import get_logger
 from ibacm.provider.api import ResolveResult
 from ibacm.wire.client import AcmStatus, EpFlag
 from ibacm.wire.errors import WireError
@@ -55,7 +55,7 @@ from ibacm.wire.netlink import (
 )
 from ibacm.wire.path_record import PathRecord
 
-log = structlog.get_logger("ibacm.netlink")
+log = get_logger("ibacm.netlink")
 
 PathResolver = Callable[[PathRecord, EpFlag], Awaitable[ResolveResult]]
 """The core's path-form resolution (client id 0, never NODELAY)."""

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
 import trio
 
 from ibacm.config.addr_file import AddrEntry, generate_addr_file, parse_addr_file
@@ -54,10 +53,11 @@ from ibacm.fabric.api import (
     PortEvent,
     PortEventType,
 )
+from ibacm.log import get_logger
 from ibacm.provider.api import CoreAddress, CoreDevice, CoreEndpoint, CorePort, Provider
 from ibacm.provider.registry import ProviderSet
 
-log = structlog.get_logger("ibacm.topology")
+log = get_logger("ibacm.topology")
 
 
 class AddressFile:

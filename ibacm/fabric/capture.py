@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import structlog
 import trio
 
 from ibacm.fabric.api import (
@@ -53,11 +52,12 @@ from ibacm.fabric.api import (
     SaTimeout,
     UdQp,
 )
+from ibacm.log import get_logger
 from ibacm.wire import erf
 from ibacm.wire.errors import WireError
 from ibacm.wire.mad import MadHeader, Method, MgmtClass, SaAttr, split_rmpp
 
-log = structlog.get_logger("ibacm.capture")
+log = get_logger("ibacm.capture")
 
 DEFAULT_QUEUE = 4096
 """MADs waiting for the capture writer before further ones are dropped."""

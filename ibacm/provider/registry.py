@@ -18,8 +18,7 @@ import importlib.metadata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import structlog
-
+from ibacm.log import get_logger
 from ibacm.provider.api import (
     ENTRY_POINT_GROUP,
     PROVIDER_API_VERSION,
@@ -27,7 +26,7 @@ from ibacm.provider.api import (
     Provider,
 )
 
-log = structlog.get_logger("ibacm.provider")
+log = get_logger("ibacm.provider")
 
 DEFAULT_PROVIDER = "ibacmp"
 

@@ -525,6 +525,33 @@ def encode_resolve_reply(
     return AcmMessage(hdr=hdr, entries=entries).encode()
 
 
+PAIR_LENGTH = HDR_LEN + 2 * EP_LEN
+"""A RESOLVE with two entries (a SOURCE and a DEST): what librdmacm and ib_acme send."""
+_PAIR = struct.Struct("<IHH64sIHH64s")
+_ONE_PATH_HEAD = struct.pack("<6BH", ACM_VERSION, AcmOp.RESOLVE, 0, 0, 0, 0, HDR_LEN + EP_LEN)
+
+
+def decode_resolve_pair(frame: bytes) -> tuple[EpAddr, EpAddr] | None:
+    """The two entries of a framed two-entry RESOLVE; None for any other length.
+
+    The common request decoded without the general ``AcmMessage`` machinery (framing already
+    checked version, opcode and length); the entries are those ``AcmMessage.decode`` gives.
+    """
+    if len(frame) != PAIR_LENGTH:
+        return None
+    flags0, type0, reserved0, info0, flags1, type1, reserved1, info1 = _PAIR.unpack_from(
+        frame, HDR_LEN
+    )
+    return EpAddr(flags0, type0, info0, reserved0), EpAddr(flags1, type1, info1, reserved1)
+
+
+def encode_one_path_reply(request: bytes, path: PathRecord) -> bytes:
+    """``encode_resolve_reply(AcmHdr.decode(request), SUCCESS, [path])`` from the request's
+    bytes: the tid is copied, not decoded and packed again (the cache-hit answer)."""
+    check_min_length("RESOLVE request", request, HDR_LEN)
+    return _ONE_PATH_HEAD + request[8:HDR_LEN] + _PATH_ENTRY_HEAD + path.encode()
+
+
 def encode_query_sa_reply(request: AcmMessage, status: int, path: PathRecord | None) -> bytes:
     """The reply to a QUERY_SA request: the request echoed with opcode|0x80 and ``status``.
 
@@ -788,6 +815,10 @@ def _allowed_reply_length(op: int, length: int) -> bool:
     return HDR_LEN <= length <= MSG_MAX
 
 
+_OPERATIONS = frozenset(int(op) for op in AcmOp)
+_RESOLVE_BYTE = int(AcmOp.RESOLVE)
+
+
 class ClientFramer:
     """Split a client-protocol byte stream into whole messages (sans-I/O, h11 style).
 
@@ -833,26 +864,40 @@ class ClientFramer:
         del self._buffer[:length]
         return frame
 
+    def head(self, size: int = HDR_LEN) -> bytes:
+        """The first ``size`` bytes not yet returned as a frame (after a ``FramingError``:
+        the start of the offending message)."""
+        return bytes(self._buffer[:size])
+
     def _frame_length(self) -> int | None:
         buffer = self._buffer
-        if buffer and buffer[0] != ACM_VERSION:
+        have = len(buffer)
+        if not have:
+            return None
+        if buffer[0] != ACM_VERSION:
             self._fail(FramingFault.BAD_VERSION, f"version {buffer[0]}, expected {ACM_VERSION}")
-        if len(buffer) >= 2 and buffer[1] & OP_MASK not in (op.value for op in AcmOp):
+        if have < 2:
+            return None
+        op = buffer[1] & OP_MASK
+        if op not in _OPERATIONS:
             self._fail(
                 FramingFault.BAD_OPCODE,
-                f"opcode 0x{buffer[1]:02x}: operation {buffer[1] & OP_MASK} is not 1, 2 or 3",
+                f"opcode 0x{buffer[1]:02x}: operation {op} is not 1, 2 or 3",
             )
-        if len(buffer) < 8:
+        if have < 8:
             return None
-        head = bytes(buffer[:8])
         if self._replies:
-            length = reply_length(head)
-            allowed = _allowed_reply_length(head[1] & OP_MASK, length)
+            length = reply_length(bytes(buffer[:8]))
+            allowed = _allowed_reply_length(op, length)
         else:
-            length = request_length(head)
-            allowed = _allowed_request_length(head[1] & OP_MASK, length)
+            # request_length's rule, read in place: little-endian only for opcode byte 0x01.
+            if buffer[1] == _RESOLVE_BYTE:
+                length = buffer[6] | buffer[7] << 8
+            else:
+                length = buffer[6] << 8 | buffer[7]
+            allowed = _allowed_request_length(op, length)
         if not allowed:
-            name = AcmOp(head[1] & OP_MASK).name
+            name = AcmOp(op).name
             kind = "reply" if self._replies else "request"
             self._fail(FramingFault.BAD_LENGTH, f"length {length} is not valid for a {name} {kind}")
         return length

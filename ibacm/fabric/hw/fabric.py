@@ -14,8 +14,6 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import structlog
-
 from ibacm.fabric.api import (
     Device,
     Fabric,
@@ -37,8 +35,9 @@ from ibacm.fabric.hw.umad import LibUmad, UmadApi, UmadError
 from ibacm.fabric.hw.umad_device import UmadOnlyDevice
 from ibacm.fabric.hw.verbs_device import HwDevice
 from ibacm.fabric.hw.verbs_handles import LibVerbs, VerbsHandleError, VerbsHandles
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.fabric.hw")
+log = get_logger("ibacm.fabric.hw")
 
 OwnDevice = HwDevice | UmadOnlyDevice
 

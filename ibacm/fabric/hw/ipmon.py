@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
 import trio
 
 from ibacm.fabric.api import ZERO_GID, FabricError, InterfaceAddress, IpEvent
 from ibacm.fabric.hw import rtnetlink as rt
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.fabric.hw.ipmon")
+log = get_logger("ibacm.fabric.hw.ipmon")
 
 RECV_SIZE = 1 << 16
 SOCKET_BUFFER = 1 << 20

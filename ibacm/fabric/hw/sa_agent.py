@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-import structlog
 import trio
 
 from ibacm.fabric.api import (
@@ -38,6 +37,7 @@ from ibacm.fabric.api import (
 )
 from ibacm.fabric.hw.poller import TurnPoller
 from ibacm.fabric.hw.umad import UmadApi, UmadError, UmadPacket, UmadSendAddress
+from ibacm.log import get_logger
 from ibacm.wire.errors import WireError
 from ibacm.wire.mad import (
     MAD_HDR_LEN,
@@ -52,7 +52,7 @@ from ibacm.wire.mad import (
     build_rmpp_ack,
 )
 
-log = structlog.get_logger("ibacm.fabric.hw.sa")
+log = get_logger("ibacm.fabric.hw.sa")
 
 POLL_MS = 50
 """How long one receive call blocks: bounds how late a cancellation or a close takes effect."""

@@ -16,7 +16,6 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 import trio
 
 from ibacm.fabric.api import (
@@ -31,8 +30,9 @@ from ibacm.fabric.hw import verbs_attrs as attrs
 from ibacm.fabric.hw.poller import TurnPoller
 from ibacm.fabric.hw.pyverbs_loader import Pyverbs
 from ibacm.fabric.hw.verbs_handles import ContextHandle, LibVerbs, VerbsHandles
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.fabric.hw.qp")
+log = get_logger("ibacm.fabric.hw.qp")
 
 SEND_DEPTH = 32
 """Sends in flight per QP (C: resolve_depth + send_depth, 2 by default)."""

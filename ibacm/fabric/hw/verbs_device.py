@@ -14,7 +14,6 @@ import sys
 from collections import deque
 from typing import Any
 
-import structlog
 import trio
 
 from ibacm.fabric.api import (
@@ -33,8 +32,9 @@ from ibacm.fabric.hw.sa_agent import PortSa
 from ibacm.fabric.hw.ud_qp import HwUdQp, QpResources
 from ibacm.fabric.hw.umad import UmadApi
 from ibacm.fabric.hw.verbs_handles import LibVerbs, VerbsHandles
+from ibacm.log import get_logger
 
-log = structlog.get_logger("ibacm.fabric.hw")
+log = get_logger("ibacm.fabric.hw")
 
 
 def native_be64(value: int) -> int:
