@@ -78,6 +78,20 @@ async def test_pipelined_requests_are_answered_in_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.trio
+async def test_answers_at_hand_never_overtake_a_waiting_one(tmp_path: Path) -> None:
+    async with sim_daemon(tmp_path) as run:
+        client = await AcmClient.unix(run.unix_socket)
+        slow = resolve(EpAddr.from_name("slow-0.2", EpFlag.DEST), EpAddr.from_ip("10.0.0.1", 1))
+        # Answered at once, then one that waits, then two more answered at once.
+        await client.send(PERF + SELF + slow + EP1 + SELF)
+        replies = [await client.receive() for _ in range(5)]
+        assert [r[1] for r in replies] == [0x82, 0x01, 0x01, 0x83, 0x01]
+        statuses = [AcmHdr.decode(replies[i]).status for i in (1, 2, 4)]
+        assert statuses == [AcmStatus.SUCCESS, AcmStatus.ENODATA, AcmStatus.SUCCESS]
+        await client.aclose()
+
+
+@pytest.mark.trio
 @pytest.mark.parametrize(
     ("bad", "reply_status"),
     [

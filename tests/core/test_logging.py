@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +109,28 @@ async def test_records_are_offered_to_the_event_bus(tmp_path: Path, control: Log
         assert event.data["address"] == str(b"\x01")
         with pytest.raises(trio.WouldBlock):
             subscription.receive_nowait()
+
+
+def test_filtered_records_never_reach_structlog(tmp_path: Path, control: LogControl) -> None:
+    """The level gate in front of structlog: a filtered call runs no processor at all, and a
+    level change applies to loggers made before it (nothing is cached)."""
+    control.configure(destination=str(tmp_path / "ibacm.log"), level=0)
+    seen: list[str] = []
+
+    def spy(_: Any, method: str, event: MutableMapping[str, Any]) -> Any:
+        seen.append(f"{method}:{event['event']}")
+        raise structlog.DropEvent
+
+    processors = structlog.get_config()["processors"]
+    structlog.configure(processors=[spy, *processors])
+    log = get_logger("ibacm.test")
+    log.debug("filtered")
+    log.info("filtered too")
+    log.warning("written")
+    control.set_level(2)
+    log.debug("now written")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("with the exception")
+    assert seen == ["warning:written", "debug:now written", "exception:with the exception"]

@@ -27,7 +27,9 @@ from ibacm.wire.client import (
     decode_ep_reply,
     decode_perf_reply,
     decode_perf_request,
+    decode_resolve_pair,
     encode_ep_reply,
+    encode_one_path_reply,
     encode_perf_reply,
     encode_perf_request,
     encode_query_sa_reply,
@@ -247,6 +249,25 @@ def test_resolve_reply_shapes() -> None:
         encode_resolve_reply(request, AcmStatus.SUCCESS)
     with pytest.raises(OversizeError, match="9 entries"):
         encode_resolve_reply(request, 0, [PathRecord()] * 8, source)
+
+
+@given(message=acm_messages)
+def test_resolve_pair_is_what_the_general_decoder_sees(message: AcmMessage) -> None:
+    raw = message.encode()
+    pair = decode_resolve_pair(raw)
+    if len(message.entries) != 2:
+        assert pair is None
+    else:
+        assert pair is not None and list(pair) == AcmMessage.decode(raw).entries
+
+
+@given(hdr=resolve_headers, path=path_records)
+def test_one_path_reply_from_request_bytes_is_the_general_reply(
+    hdr: AcmHdr, path: PathRecord
+) -> None:
+    request = AcmMessage(hdr=hdr, entries=[EpAddr.from_name("a"), EpAddr.from_name("b")]).encode()
+    expected = encode_resolve_reply(AcmHdr.decode(request), AcmStatus.SUCCESS, [path])
+    assert encode_one_path_reply(request, path) == expected
 
 
 def test_query_sa_reply_echoes_request() -> None:
