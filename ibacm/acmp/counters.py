@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from ibacm.provider.api import Counter, Counters
 
+_RESOLVE = int(Counter.RESOLVE)
+_ROUTE_CACHE = int(Counter.ROUTE_CACHE)
+
 
 class EndpointCounters:
     """An endpoint's counters plus a link to the global ones."""
@@ -22,6 +25,14 @@ class EndpointCounters:
         """Count an event that the spec counts globally and on the endpoint."""
         self.local.increment(counter)
         self.global_counters.increment(counter)
+
+    def cache_hit(self) -> None:
+        """A RESOLVE answered from the cache: RESOLVE on the endpoint (the core counts its
+        own), ROUTE_CACHE on both. One call: it runs for every cache hit."""
+        local = self.local.values
+        local[_RESOLVE] += 1
+        local[_ROUTE_CACHE] += 1
+        self.global_counters.values[_ROUTE_CACHE] += 1
 
     def endpoint_only(self, counter: Counter) -> None:
         """Count an event that only the endpoint set sees (the core counts the reply)."""

@@ -49,6 +49,9 @@ from ibacm.wire.client import AcmStatus, AddrType, EpFlag
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
+_PATH = int(AddrType.PATH)
+_PORT_TYPES = frozenset((int(AddrType.GID), int(AddrType.LID)))
+
 log = structlog.get_logger("ibacm.acmp")
 
 EndpointIdentity = tuple[int, int, int]
@@ -249,10 +252,11 @@ class AcmpProvider(Provider):
 
     def resolve_now(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult | None:
         """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
-        if request.entries[0].type == AddrType.PATH:
+        entries = request.entries
+        if entries[0].type == _PATH:
             return None
-        dest = request.dest
-        if dest.type in (AddrType.GID, AddrType.LID):
+        dest = entries[request.dst_index]
+        if dest.type in _PORT_TYPES:
             return None  # our own port by GID/LID is answered by ``resolve``
         path = _address(addr_ctx).endpoint.resolver.cached(dest)
         if path is None:

@@ -2,9 +2,10 @@
 
     python -m tests.bench.trio_floor SOCKET_PATH
 
-One task per connection, non-blocking ``os.read``/``os.write`` and ``wait_readable`` (the same
-I/O the daemon's connections use), stream framing by the 8-byte header prefix, and a fixed
-88-byte reply per RESOLVE: no decoding, no cache, no counters. What separates ibacm from this
+The daemon's I/O style: one task reads every connection (an epoll set waited on through
+``wait_readable``), one non-blocking ``os.read`` per readable connection per round, replies
+written with ``os.write`` at the end of the round; stream framing by the 8-byte header
+prefix, and a fixed 88-byte reply per RESOLVE: no decoding, no cache, no counters. What separates ibacm from this
 is the daemon's own work per request; what separates this from the C responder is the
 interpreter and trio. Prints "ready" once it listens; runs until SIGTERM/SIGINT.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import sys
 
@@ -42,27 +44,49 @@ def replies(buffer: bytearray) -> bytes:
     return b"".join(out)
 
 
-async def serve(sock: socket.socket) -> None:
-    fd = sock.fileno()
-    buffer = bytearray()
-    with sock:
+class Floor:
+    """Every accepted connection in one epoll set, read and answered by one task."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.conns: dict[int, tuple[socket.socket, bytearray]] = {}
+
+    def add(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
+        self.conns[conn.fileno()] = (conn, bytearray())
+        self.epoll.register(conn.fileno(), select.EPOLLIN)
+
+    def drop(self, fd: int) -> None:
+        conn, _ = self.conns.pop(fd)
+        self.epoll.unregister(fd)
+        conn.close()
+
+    async def serve(self) -> None:
         while True:
-            try:
-                data = os.read(fd, 4096)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            buffer += data
-            answer = replies(buffer)
-            if answer:
+            await trio.lowlevel.wait_readable(self.epoll.fileno())
+            out = []
+            for fd, _ in self.epoll.poll(0):
+                if fd not in self.conns:
+                    continue
+                try:
+                    data = os.read(fd, 4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    self.drop(fd)
+                    continue
+                buffer = self.conns[fd][1]
+                buffer += data
+                answer = replies(buffer)
+                if answer:
+                    out.append((fd, answer))
+            for fd, answer in out:
                 try:
                     os.write(fd, answer)
                 except OSError:
-                    return
+                    self.drop(fd)
 
 
 async def main(path: str) -> None:
@@ -72,16 +96,17 @@ async def main(path: str) -> None:
     listener.bind(path)
     listener.listen(socket.SOMAXCONN)
     listener.setblocking(False)
+    floor = Floor()
     print("ready", flush=True)
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(floor.serve)
         while True:
             try:
                 conn, _ = listener.accept()
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(listener)
                 continue
-            conn.setblocking(False)
-            nursery.start_soon(serve, conn)
+            floor.add(conn)
 
 
 if __name__ == "__main__":
