@@ -5,9 +5,9 @@
 The daemon's I/O style: one task reads every connection (an epoll set waited on through
 ``wait_readable``), one non-blocking ``os.read`` per readable connection per round, replies
 written with ``os.write`` at the end of the round; stream framing by the 8-byte header
-prefix, and a fixed 88-byte reply per RESOLVE: no decoding, no cache, no counters. What separates ibacm from this
-is the daemon's own work per request; what separates this from the C responder is the
-interpreter and trio. Prints "ready" once it listens; runs until SIGTERM/SIGINT.
+prefix, and a fixed 88-byte reply per RESOLVE: no decoding, no cache, no counters. What
+separates ibacm from this is the daemon's own work per request; what separates this from the
+C responder is the interpreter and trio. Prints "ready" once it listens; runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
