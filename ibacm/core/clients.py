@@ -121,7 +121,14 @@ class Connection:
             try:
                 if self._reading:
                     self._poller = poller
-                    poller.watch(self._fd, self)
+                    try:
+                        poller.watch(self._fd, self)
+                    except OSError as exc:  # e.g. fs.epoll.max_user_watches reached
+                        log.error(
+                            "cannot watch the client; closing", client=self.name, error=str(exc)
+                        )
+                        self.abort()
+                        return
                     await self._reading_done.wait()
             finally:
                 poller.forget(self._fd)
