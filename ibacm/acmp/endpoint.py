@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -140,6 +141,7 @@ class EndpointStats:
 
     __slots__ = (
         "bad_mads",
+        "credit_overdrafts",
         "join_attempts",
         "requests_received",
         "responses_dropped",
@@ -158,9 +160,44 @@ class EndpointStats:
         self.responses_dropped = 0
         self.send_errors = 0
         self.join_attempts = 0
+        self.credit_overdrafts = 0
+        """ACM requests sent without a resolve_depth credit (see ``ResolveCredits``)."""
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+class ResolveCredits:
+    """The ``resolve_depth`` credits of an endpoint (behavior.md §13), with a bounded wait.
+
+    As in C, a credit is held from the first transmission of an ACM request until its answer
+    or its last timeout, and waiters are served first come, first served. Unlike C (defect
+    42), a resolution waits for a credit at most ``max_wait()`` seconds and then sends without
+    one: the address phase is bounded by ``timeout x (retries + 1)`` credit wait included, so
+    a queue behind one unanswered request (a lost MAD, a dead peer) would otherwise spend the
+    waiters' budgets before they transmit at all, and they would end ETIMEDOUT having tried
+    once or never. While answers come back within that wait (microseconds on a healthy
+    fabric), nobody gives up waiting and the limit paces requests exactly as C's does.
+    """
+
+    def __init__(self, total: int, max_wait: Callable[[], float], stats: EndpointStats) -> None:
+        self._credits = trio.Semaphore(total)
+        self._holders: set[trio.lowlevel.Task] = set()
+        self._max_wait = max_wait
+        self._stats = stats
+
+    async def __aenter__(self) -> None:
+        with trio.move_on_after(self._max_wait()):
+            await self._credits.acquire()
+            self._holders.add(trio.lowlevel.current_task())
+            return
+        self._stats.credit_overdrafts += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        task = trio.lowlevel.current_task()
+        if task in self._holders:
+            self._holders.discard(task)
+            self._credits.release()
 
 
 ResponseItem = tuple[bytes, AddressVector, int]
@@ -195,7 +232,9 @@ class AcmpEndpoint:
         self.addresses: dict[CacheKey, AcmpAddress] = {}
         self.outstanding: dict[int, PendingQuery] = {}
         """Our ACM requests awaiting a response, by TID."""
-        self.resolve_credits = trio.Semaphore(max(1, self.options.resolve_depth))
+        self.resolve_credits = ResolveCredits(
+            max(1, self.options.resolve_depth), self._credit_wait, self.stats
+        )
         depth = max(64, self.options.recv_depth)
         self._responses_in, self._responses_out = trio.open_memory_channel[ResponseItem](depth)
         self.bulk_by_gid: dict[bytes, PathRecord] = {}
@@ -226,6 +265,12 @@ class AcmpEndpoint:
     @property
     def qpn(self) -> int:
         return self.qp.qpn if self.qp is not None else 0
+
+    def _credit_wait(self) -> float:
+        """How long a resolution waits for a resolve credit: half a response window, so the
+        ``retries + 1`` transmissions still fit its budget and the last one keeps at least
+        half a window for its answer."""
+        return self.resolver.attempt_wait / 2
 
     def local_match(self, addr_type: int, address: bytes) -> bool:
         """Whether a peer asking for (type, address) asks for us.
