@@ -3,7 +3,7 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo bench bench-throughput bench-storm bench-startup soak
+.PHONY: test demo bench bench-throughput bench-storm bench-startup soak fuzz
 
 test:
 	bash scripts/test.sh
@@ -27,3 +27,9 @@ bench-startup:
 # The reliability suites with their long settings (10^5 fuzz inputs and more).
 soak:
 	IBACM_SOAK=1 $(PYTHON) -m pytest -q -p no:cacheprovider -o timeout=3600 tests/reliability
+
+# Coverage-guided fuzzing (atheris) of the decoders and config parsers: FUZZ_RUNS inputs per
+# target, one child process per target; a crash is kept in tests/reliability/crashes/.
+FUZZ_RUNS ?= 100000
+fuzz:
+	$(PYTHON) -m tests.reliability.atheris_fuzz all --runs $(FUZZ_RUNS)

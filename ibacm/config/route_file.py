@@ -159,8 +159,10 @@ def _read_headers(
             headers[number] = None
             continue
         headers[number] = header
-        if header.lid >= MULTICAST_LID_START:
-            sink.warn(number, f"base LID 0x{header.lid:04x} is a multicast LID; not in LID table")
+        if header.lid == 0 or header.lid >= MULTICAST_LID_START:
+            # C keeps LID 0 (reserved, never a destination) and then preloads paths to it.
+            kind = "the reserved LID" if header.lid == 0 else "a multicast LID"
+            sink.warn(number, f"base LID 0x{header.lid:04x} is {kind}; not in LID table")
         elif header.guid == 0:
             sink.warn(number, "port GUID 0 cannot be a destination; not in LID table")
         elif header.lid in lid_to_guid:

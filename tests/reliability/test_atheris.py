@@ -1,0 +1,70 @@
+"""Coverage-guided fuzzing (atheris) of the decoders and config parsers.
+
+Every target of ``atheris_targets`` is fuzzed in its own child process, two at a time: a few
+thousand inputs or one second each here, 10^5 inputs each under ``make soak``. A target
+must finish without a crash and with coverage feedback (an uninstrumented run would fuzz
+blind). The seeds themselves are checked in-process too, without atheris.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from ibacm.config.route_file import parse_route_file
+from tests.reliability.atheris_fuzz import crash_excerpt, run_targets
+from tests.reliability.atheris_targets import CAPTURES, TARGETS, captured
+from tests.reliability.errors import logged_errors
+from tests.reliability.live import SOAK, soak
+
+RUNS = soak(3000, 100_000)
+SECONDS = None if SOAK else 1.0
+JOBS = 2
+
+needs_atheris = pytest.mark.skipif(
+    importlib.util.find_spec("atheris") is None,
+    reason="atheris is not installed (pip install 'atheris>=2.3'; x86_64 Linux, CPython only)",
+)
+
+
+def test_every_target_passes_its_own_seeds() -> None:
+    with logged_errors() as errors:
+        for name, entry in TARGETS.items():
+            seeds = entry.seeds()
+            assert seeds, f"{name} has no seeds"
+            target = entry.make()
+            for seed in seeds:
+                target(seed)
+    assert errors == []
+
+
+def test_client_seeds_include_the_captures() -> None:
+    if not CAPTURES.is_dir():
+        pytest.skip("no client captures beside the repository")
+    real = captured()
+    assert real
+    assert set(real) <= set(TARGETS["client_framer"].seeds())
+
+
+@needs_atheris
+@pytest.mark.timeout(3600 if SOAK else 300)
+def test_atheris_finds_no_crash_in_any_target() -> None:
+    outcomes = list(run_targets(list(TARGETS), RUNS, SECONDS, JOBS))
+    assert [outcome.target for outcome in outcomes] == list(TARGETS)
+    for outcome in outcomes:
+        assert outcome.ok, f"{outcome.line()}\n{crash_excerpt(outcome)}"
+        assert outcome.runs > 0 and outcome.coverage > 0, outcome.line()
+        if SOAK:
+            assert outcome.runs >= RUNS, outcome.line()
+
+
+def test_route_file_never_yields_a_path_to_lid_0() -> None:
+    """Found by the route_file target: a header with base LID 0 put LID 0 in the LID table,
+    so a ``0x0 : ...`` line became a preloaded path to the reserved LID."""
+    text = 'Switch 0x8f10500100001, base LID 0, "s", port 0\n0x0000 : 1 : 4 : 16\n'
+    dump, issues = parse_route_file(text, "route.data")
+    assert 0 not in dump.lid_to_guid
+    assert [path for section in dump.sections for path in section.paths] == []
+    assert [(issue.line, issue.severity) for issue in issues] == [(1, "warning"), (2, "error")]
+    TARGETS["route_file"].make()(text.encode())
