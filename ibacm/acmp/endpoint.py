@@ -19,7 +19,6 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import structlog
 import trio
 
 from ibacm.acmp.cache import (
@@ -49,6 +48,7 @@ from ibacm.acmp.resolution import Resolver
 from ibacm.acmp.routes import BULK_COMP_MASK, SaPaths, av_from_path, loopback_path
 from ibacm.config.options import LoopbackProt
 from ibacm.fabric.api import AddressVector, FabricError, UdQp
+from ibacm.log import get_logger
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.path_record import PathRecord
 from ibacm.wire.rates import get_rate
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ibacm.config.options import Options
     from ibacm.provider.api import CoreAddress, CoreEndpoint, CorePort, CoreServices
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 DOWN_STATUS = AcmStatus.ENODATA
 """What parked requests get when their endpoint closes or their port goes down: ENODATA is

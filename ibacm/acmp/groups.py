@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import structlog
 import trio
 
 from ibacm.config.options import RouteProt
 from ibacm.fabric.api import ACM_QKEY, AddressVector, FabricError
+from ibacm.log import get_logger
 from ibacm.wire.acm_mad import MAX_GIDS_IN_MAD, mgid_for
 from ibacm.wire.errors import WireError
 from ibacm.wire.mad import (
@@ -36,7 +36,7 @@ from ibacm.wire.path_record import PathRecord
 if TYPE_CHECKING:
     from ibacm.config.options import Options
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 SELECTOR_EXACTLY = 2
 SCOPE_SITE_LOCAL = 5

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
 import trio
 
 from ibacm.acmp.cache import (
@@ -31,13 +30,14 @@ from ibacm.acmp.cache import (
     cache_key,
 )
 from ibacm.acmp.routes import address_query, av_from_path
+from ibacm.log import get_logger
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpPort
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 FORMAT = "ibacm-acmp-cache"
 VERSION = 1

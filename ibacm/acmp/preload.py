@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import structlog
 import trio
 
 from ibacm.acmp.cache import CacheKeyError, EntryState, cache_key, gid_key, lid_key
@@ -20,12 +19,13 @@ from ibacm.acmp.routes import av_from_path
 from ibacm.config.hosts_file import HostEntry, parse_hosts_file
 from ibacm.config.options import AddrPreload, RoutePreload
 from ibacm.config.route_file import RouteDump, parse_route_file
+from ibacm.log import get_logger
 from ibacm.wire.path_record import PathRecord
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpEndpoint
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 FOREVER = float("inf")
 

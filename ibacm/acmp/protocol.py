@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import structlog
 import trio
 
 from ibacm.acmp.cache import (
@@ -36,6 +35,7 @@ from ibacm.acmp.cache import (
 from ibacm.acmp.groups import McGroup, select_group
 from ibacm.acmp.routes import address_query
 from ibacm.fabric.api import AddressVector
+from ibacm.log import get_logger
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpEndpoint
     from ibacm.fabric.api import ReceivedMad
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 MAX_ADDRESS_TYPE = 5
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 import trio
 
 from ibacm.acmp.cache import CacheKeyError, DestCache, EntryState, cache_key
@@ -34,6 +33,7 @@ from ibacm.acmp.persistence import (
 )
 from ibacm.acmp.preload import run_preloads
 from ibacm.fabric.api import PortEventType
+from ibacm.log import get_logger
 from ibacm.provider.api import (
     CoreAddress,
     CoreDevice,
@@ -52,7 +52,7 @@ from ibacm.wire.path_record import PathRecord
 _PATH = int(AddrType.PATH)
 _PORT_TYPES = frozenset((int(AddrType.GID), int(AddrType.LID)))
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 EndpointIdentity = tuple[int, int, int]
 """(node GUID, port number, partition)."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import structlog
 import trio
 
 from ibacm.acmp.cache import (
@@ -45,6 +44,7 @@ from ibacm.acmp.groups import joined_mgids
 from ibacm.acmp.routes import av_from_path, path_from_group, path_query, sa_phase_budget
 from ibacm.config.options import RouteProt
 from ibacm.fabric.api import MULTICAST_QPN, FabricError
+from ibacm.log import get_logger
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus, EpAddr
@@ -53,7 +53,7 @@ from ibacm.wire.path_record import PathRecord
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpEndpoint
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 WAIT_GRACE = 1.0
 """Seconds a parked request allows beyond the phase budgets before it gives up by itself
