@@ -40,6 +40,9 @@ NAME, IP, IP6, GID, LID = 1, 2, 3, 4, 5
 SIGNIFICANT: dict[int, int] = {NAME: ADDRESS_LEN, IP: 4, IP6: 16, GID: 16, LID: 2}
 TYPE_NAMES: dict[int, str] = {NAME: "name", IP: "ip", IP6: "ip6", GID: "gid", LID: "lid"}
 
+NO_MGID = bytes(16)
+"""The MGID of an entry that knows none (shared: bytes are immutable)."""
+
 CacheKey = tuple[int, bytes]
 """(address type, canonical 64-byte address)."""
 
@@ -50,6 +53,9 @@ class CacheKeyError(ValueError):
 
 def cache_key(addr_type: int, address: bytes) -> CacheKey:
     """The canonical key of an address (see the module docstring)."""
+    if addr_type == NAME and len(address) <= ADDRESS_LEN:
+        # Names first: an all-to-all job start makes two keys per resolution (ours, peers').
+        return NAME, address.split(b"\0", 1)[0].lower().ljust(ADDRESS_LEN, b"\0")
     size = SIGNIFICANT.get(int(addr_type))
     if size is None:
         raise CacheKeyError(f"address type {addr_type} cannot be cached (expected 1..5)")
@@ -188,7 +194,7 @@ class DestEntry:
         """Template of the SA PathRecord query (valid from ADDR_RESOLVED)."""
         self.av: AddressVector | None = None
         """Unicast address vector to the peer (responses)."""
-        self.mgid = bytes(16)
+        self.mgid = NO_MGID
         self.remote_qpn = 0
         self.peer_lid = 0
         self.reply_tid: int | None = None
@@ -227,7 +233,7 @@ class DestEntry:
         self.path = None
         self.query = None
         self.av = None
-        self.mgid = bytes(16)
+        self.mgid = NO_MGID
         self.remote_qpn = 0
         self.peer_lid = 0
         self.addr_expiry = math.inf
@@ -252,6 +258,12 @@ class DestEntry:
             "loopback": self.loopback,
             "pending": self.op is not None,
         }
+
+
+def _deadline(now: float, lifetime: float) -> float:
+    # "Never" is the one shared math.inf rather than a new float per entry (routes never
+    # expire by default, and an all-to-all makes N^2 entries).
+    return math.inf if lifetime == math.inf else now + lifetime
 
 
 Listener = Callable[[DestEntry, bool], None]
@@ -333,13 +345,16 @@ class DestCache:
         self, entry: DestEntry, now: float, addr_lifetime: float, route_lifetime: float
     ) -> None:
         """Start the address and route lifetimes of ``entry`` at ``now``."""
-        entry.addr_expiry = now + addr_lifetime
-        entry.route_expiry = now + route_lifetime
+        addr_expiry = _deadline(now, addr_lifetime)
+        if addr_expiry != entry.addr_expiry:
+            # Equal when the address was learned just now: keep the float already scheduled.
+            entry.addr_expiry = addr_expiry
+        entry.route_expiry = _deadline(now, route_lifetime)
         self._schedule(entry, entry.addr_expiry)
         self._schedule(entry, entry.route_expiry)
 
     def set_addr_timeout(self, entry: DestEntry, now: float, addr_lifetime: float) -> None:
-        entry.addr_expiry = now + addr_lifetime
+        entry.addr_expiry = _deadline(now, addr_lifetime)
         self._schedule(entry, entry.addr_expiry)
 
     def _schedule(self, entry: DestEntry, deadline: float) -> None:

@@ -94,7 +94,8 @@ class SaPaths:
             if isinstance(reply, SaOutcome):
                 return reply, []
             try:
-                records = [PathRecord.decode(raw) for raw in reply.records(PATH_RECORD_LEN)]
+                stride, count = reply.record_layout(PATH_RECORD_LEN)
+                records = PathRecord.decode_table(reply.data, stride, count)
             except WireError as exc:
                 return SaOutcome(AcmStatus.ENODATA, reason=f"bad GetTable reply: {exc}"), []
             return SaOutcome(reply.sa_status), records

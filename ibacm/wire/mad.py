@@ -9,6 +9,7 @@ segments (``split_rmpp`` / ``RmppReassembler``). All fields are big-endian.
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass, field, replace
 
 from ibacm.wire.buffer import Buffer
@@ -88,6 +89,12 @@ def sa_status_word(code: int) -> int:
     return check_uint("sa status", code, 8) << 8
 
 
+_MAD_HDR = struct.Struct(">BBBBHHQHHI")
+_SA_HDR = struct.Struct(">BBBBIIQHHQ")
+_RMPP_HDR = struct.Struct(">BBBBII")
+"""Precompiled layouts: an RMPP GetTable answer at scale is hundreds of thousands of MADs."""
+_RMPP_HDR_END = MAD_HDR_LEN + _RMPP_HDR.size  # 36: where the SA header proper starts
+
 _RECORD_SIZES: dict[int, int] = {
     SaAttr.PATH_RECORD: PATH_RECORD_LEN,
     SaAttr.MC_MEMBER_RECORD: MC_MEMBER_RECORD_LEN,
@@ -113,6 +120,23 @@ class MadHeader:
     attr_mod: int = 0
 
     def encode(self) -> bytes:
+        try:
+            return _MAD_HDR.pack(
+                self.base_version,
+                self.mgmt_class,
+                self.class_version,
+                self.method,
+                self.status,
+                self.class_specific,
+                self.tid,
+                self.attr_id,
+                self.reserved,
+                self.attr_mod,
+            )
+        except struct.error:
+            return self._encode_checked()  # names the field that does not fit
+
+    def _encode_checked(self) -> bytes:
         buf = Buffer(capacity=MAD_HDR_LEN)
         buf.push_uint8(self.base_version, "base_version")
         buf.push_uint8(self.mgmt_class, "mgmt_class")
@@ -130,19 +154,7 @@ class MadHeader:
     def decode(cls, data: bytes) -> MadHeader:
         """Decode the first 24 bytes of ``data``."""
         check_min_length("MAD header", data, MAD_HDR_LEN)
-        buf = Buffer(data[:MAD_HDR_LEN])
-        return cls(
-            base_version=buf.pull_uint8(),
-            mgmt_class=buf.pull_uint8(),
-            class_version=buf.pull_uint8(),
-            method=buf.pull_uint8(),
-            status=buf.pull_uint16(),
-            class_specific=buf.pull_uint16(),
-            tid=buf.pull_uint64(),
-            attr_id=buf.pull_uint16(),
-            reserved=buf.pull_uint16(),
-            attr_mod=buf.pull_uint32(),
-        )
+        return cls(*_MAD_HDR.unpack_from(data))
 
 
 class RmppType(enum.IntEnum):
@@ -161,6 +173,8 @@ class RmppFlag(enum.IntFlag):
 
 RMPP_VERSION = 1
 _RMPP_FLAG_MASK = 0x07  # the low 3 bits of rmpp_rtime_flags; the upper 5 are RespTime
+_ACTIVE, _FIRST, _LAST = int(RmppFlag.ACTIVE), int(RmppFlag.FIRST), int(RmppFlag.LAST)
+_DATA = int(RmppType.DATA)
 
 
 @dataclass(slots=True)
@@ -183,6 +197,23 @@ class SaHeader:
         return bool(self.rmpp_flags & RmppFlag.ACTIVE)
 
     def encode(self) -> bytes:
+        try:
+            return _SA_HDR.pack(
+                self.rmpp_version,
+                self.rmpp_type,
+                self.rmpp_flags,
+                self.rmpp_status,
+                self.seg_num,
+                self.paylen_newwin,
+                self.sm_key,
+                self.attr_offset,
+                self.reserved,
+                self.comp_mask,
+            )
+        except struct.error:
+            return self._encode_checked()  # names the field that does not fit
+
+    def _encode_checked(self) -> bytes:
         buf = Buffer(capacity=SA_HDR_END - MAD_HDR_LEN)
         buf.push_uint8(self.rmpp_version, "rmpp_version")
         buf.push_uint8(self.rmpp_type, "rmpp_type")
@@ -200,19 +231,7 @@ class SaHeader:
     def decode(cls, data: bytes) -> SaHeader:
         """Decode the 32 bytes at MAD offset 24..55 (``data`` is a whole MAD)."""
         check_min_length("SA header", data, SA_HDR_END)
-        buf = Buffer(data[MAD_HDR_LEN:SA_HDR_END])
-        return cls(
-            rmpp_version=buf.pull_uint8(),
-            rmpp_type=buf.pull_uint8(),
-            rmpp_flags=buf.pull_uint8(),
-            rmpp_status=buf.pull_uint8(),
-            seg_num=buf.pull_uint32(),
-            paylen_newwin=buf.pull_uint32(),
-            sm_key=buf.pull_uint64(),
-            attr_offset=buf.pull_uint16(),
-            reserved=buf.pull_uint16(),
-            comp_mask=buf.pull_uint64(),
-        )
+        return cls(*_SA_HDR.unpack_from(data, MAD_HDR_LEN))
 
 
 @dataclass(slots=True)
@@ -272,22 +291,27 @@ class SaMad:
 
     def records(self, record_size: int) -> list[bytes]:
         """The records carried: ``attr_offset * 8`` apart in a GetTable reply, else one."""
+        stride, count = self.record_layout(record_size)
+        return [self.data[i * stride : i * stride + record_size] for i in range(count)]
+
+    def record_layout(self, record_size: int) -> tuple[int, int]:
+        """(stride, count) of the records in ``data``: what ``records`` cuts, without cutting
+        (a table decoder reads them in place)."""
         if self.mad.method != Method.GET_TABLE_RESP:
             if len(self.data) < record_size:
                 raise BadLengthError(
                     f"SA data: {len(self.data)} bytes cannot hold a {record_size}-byte record"
                 )
-            return [self.data[:record_size]]
+            return record_size, 1
         stride = self.sa.attr_offset * 8
         if stride == 0:
-            return []  # IBA: AttributeOffset 0 means the table is empty
+            return record_size, 0  # IBA: AttributeOffset 0 means the table is empty
         if stride < record_size:
             raise BadLengthError(
                 f"attr_offset: {self.sa.attr_offset} x 8 = {stride} bytes is shorter than "
                 f"a {record_size}-byte record"
             )
-        count = self.payload_length() // stride
-        return [self.data[i * stride : i * stride + record_size] for i in range(count)]
+        return stride, self.payload_length() // stride
 
 
 # -- MCMemberRecord -----------------------------------------------------------------------
@@ -508,7 +532,9 @@ def split_rmpp(sa_mad: bytes) -> list[bytes]:
     The data length is taken from ``payload_length`` (exact when the input carries RMPP
     framing, as ``build_sa_response`` and ``RmppReassembler`` produce). Segments are numbered
     from 1; the first carries paylen = 220 x segments - pad (the total, SA header counted per
-    segment), the last 220 - pad (what it holds), the others 0 — as IBA and Linux do.
+    segment), the last 220 - pad (what it holds), the others 0 — as IBA and Linux do. Each
+    segment repeats the MAD header and the SA header proper (SM_Key .. ComponentMask) of the
+    input; only the RMPP header differs.
     """
     whole = SaMad.decode(sa_mad)
     data = whole.data[: whole.payload_length()]
@@ -517,27 +543,24 @@ def split_rmpp(sa_mad: bytes) -> list[bytes]:
         raise OversizeError(f"RMPP: {count} segments exceed the limit {MAX_RMPP_SEGMENTS}")
     pad = count * SA_DATA_LEN - len(data)
     rtime = whole.sa.rmpp_flags & ~_RMPP_FLAG_MASK & 0xFF
+    head = bytes(sa_mad[:MAD_HDR_LEN])
+    sa_tail = bytes(sa_mad[_RMPP_HDR_END:SA_HDR_END])
+    pack = _RMPP_HDR.pack
     segments = []
     for number in range(1, count + 1):
-        flags = rtime | RmppFlag.ACTIVE
+        flags = rtime | _ACTIVE
         paylen = 0
         if number == 1:
-            flags |= RmppFlag.FIRST
+            flags |= _FIRST
             paylen = count * RMPP_SEGMENT_PAYLOAD - pad
         if number == count:
-            flags |= RmppFlag.LAST
+            flags |= _LAST
             paylen = RMPP_SEGMENT_PAYLOAD - pad
-        sa = replace(
-            whole.sa,
-            rmpp_version=RMPP_VERSION,
-            rmpp_type=RmppType.DATA,
-            rmpp_flags=flags,
-            rmpp_status=0,
-            seg_num=number,
-            paylen_newwin=paylen,
-        )
         chunk = data[(number - 1) * SA_DATA_LEN : number * SA_DATA_LEN]
-        segments.append(SaMad(mad=whole.mad, sa=sa, data=chunk).encode())
+        if len(chunk) < SA_DATA_LEN:
+            chunk = chunk.ljust(SA_DATA_LEN, b"\0")
+        rmpp = pack(RMPP_VERSION, _DATA, flags, 0, number, paylen)
+        segments.append(b"".join((head, rmpp, sa_tail, chunk)))
     return segments
 
 
@@ -558,6 +581,14 @@ def build_rmpp_ack(segment: bytes, new_window_last: int | None = None) -> bytes:
     return SaMad(mad=received.mad, sa=sa, data=b"").encode()
 
 
+_RMPP_FLAGS_AT = MAD_HDR_LEN + 2  # rmpp_rtime_flags
+
+
+def _transaction_bytes(segment: bytes) -> bytes:
+    """Management class, method, TID and attribute ID of a MAD, as raw bytes."""
+    return segment[1:2] + segment[3:4] + segment[8:18]
+
+
 def _rmpp_type_name(value: int) -> str:
     try:
         return RmppType(value).name
@@ -571,11 +602,15 @@ class RmppReassembler:
     ``feed`` each received 256-byte MAD: a MAD without RMPP framing comes straight back; a
     segment returns None until the LAST one, which returns the whole MAD (see ``SaMad``).
     Out-of-order or duplicate segments, a different transaction, STOP/ABORT, or lengths that
-    disagree raise ``RmppError`` (or ``BadLengthError``) and reset the reassembler.
+    disagree raise ``RmppError`` (or ``BadLengthError``) and reset the reassembler. Only the
+    first segment is decoded whole; the others are checked field by field in place.
     """
 
     def __init__(self) -> None:
         self._first: SaMad | None = None
+        self._transaction = b""
+        """Bytes 0..17 of the first segment with status/class-specific blanked: what every
+        later segment must repeat (class, method, TID, attribute)."""
         self._chunks: list[bytes] = []
 
     @property
@@ -588,13 +623,12 @@ class RmppReassembler:
 
     def feed(self, segment: bytes) -> bytes | None:
         check_exact_length("RMPP segment", segment, MAD_SIZE)
-        mad = SaMad.decode(segment)
-        if not mad.sa.rmpp_active:
+        if not segment[_RMPP_FLAGS_AT] & _ACTIVE:
             if self._first is not None:
                 self._fail(RmppError("RMPP: a MAD without RMPP framing arrived mid-transfer"))
             return segment
         try:
-            return self._accept(mad)
+            return self._accept(segment)
         except (RmppError, BadLengthError, BadVersionError):
             self.reset()
             raise
@@ -603,35 +637,38 @@ class RmppReassembler:
         self.reset()
         raise error
 
-    def _accept(self, mad: SaMad) -> bytes | None:
-        sa = mad.sa
-        if sa.rmpp_version != RMPP_VERSION:
-            raise BadVersionError(f"RMPP: rmpp_version {sa.rmpp_version}, expected 1")
-        if sa.rmpp_type != RmppType.DATA:
-            raise RmppError(f"RMPP: rmpp_type {sa.rmpp_type} ({_rmpp_type_name(sa.rmpp_type)})")
+    def _accept(self, segment: bytes) -> bytes | None:
+        version, rmpp_type, flags, _status, seg_num, paylen = _RMPP_HDR.unpack_from(
+            segment, MAD_HDR_LEN
+        )
+        if version != RMPP_VERSION:
+            raise BadVersionError(f"RMPP: rmpp_version {version}, expected 1")
+        if rmpp_type != _DATA:
+            raise RmppError(f"RMPP: rmpp_type {rmpp_type} ({_rmpp_type_name(rmpp_type)})")
         expected = len(self._chunks) + 1
-        if sa.seg_num != expected:
-            raise RmppError(f"RMPP: segment {sa.seg_num} arrived, expected {expected}")
+        if seg_num != expected:
+            raise RmppError(f"RMPP: segment {seg_num} arrived, expected {expected}")
         if expected == 1:
-            if not sa.rmpp_flags & RmppFlag.FIRST:
+            if not flags & _FIRST:
                 raise RmppError("RMPP: segment 1 lacks the FIRST flag")
-            self._first = mad
-        else:
-            self._check_same_transaction(mad)
+            self._first = SaMad.decode(segment)
+            self._transaction = _transaction_bytes(segment)
+        elif _transaction_bytes(segment) != self._transaction:
+            self._mismatch(MadHeader.decode(segment), seg_num)
         if expected > MAX_RMPP_SEGMENTS:
             raise RmppError(f"RMPP: more than {MAX_RMPP_SEGMENTS} segments")
-        self._chunks.append(mad.data[:SA_DATA_LEN])
-        if not sa.rmpp_flags & RmppFlag.LAST:
+        self._chunks.append(segment[SA_HDR_END : SA_HDR_END + SA_DATA_LEN])
+        if not flags & _LAST:
             return None
-        return self._finish(sa.paylen_newwin)
+        return self._finish(paylen)
 
-    def _check_same_transaction(self, mad: SaMad) -> None:
+    def _mismatch(self, header: MadHeader, seg_num: int) -> None:
         first = self._first
         assert first is not None  # set by segment 1
         for name in ("tid", "mgmt_class", "method", "attr_id"):
-            if getattr(mad.mad, name) != getattr(first.mad, name):
+            if getattr(header, name) != getattr(first.mad, name):
                 raise RmppError(
-                    f"RMPP: segment {mad.sa.seg_num} has {name} {getattr(mad.mad, name):#x}, "
+                    f"RMPP: segment {seg_num} has {name} {getattr(header, name):#x}, "
                     f"the transfer started with {getattr(first.mad, name):#x}"
                 )
 

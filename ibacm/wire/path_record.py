@@ -20,6 +20,7 @@ from ibacm.wire.errors import (
     FieldRangeError,
     check_bytes,
     check_exact_length,
+    check_min_length,
     check_uint,
 )
 
@@ -27,8 +28,10 @@ PATH_RECORD_LEN = 64
 GID_LEN = 16
 ZERO_GID = bytes(GID_LEN)
 REVERSIBLE_BIT = 0x80  # IBV_PATH_RECORD_REVERSIBLE in reversible_numpath
-_LAYOUT = struct.Struct(">Q16s16sHHIBBHHBBBB6s")
-"""The 64 bytes in one go: the codec's hot path (every RESOLVE reply, every SA record)."""
+PATH_LAYOUT = struct.Struct(">Q16s16sHHIBBHHBBBB6s")
+"""The 64 bytes in one go, packed fields as on the wire (flowlabel_hoplimit, ...): the
+codec's hot path (every RESOLVE reply, every SA record)."""
+_LAYOUT = PATH_LAYOUT
 
 
 class PathComp(enum.IntFlag):
@@ -303,6 +306,72 @@ class PathRecord:
             reserved,
             (fl_hop >> 28) & 0x7,
         )
+
+    @classmethod
+    def decode_table(cls, data: bytes, stride: int, count: int) -> list[PathRecord]:
+        """``count`` records ``stride`` bytes apart in ``data`` (an SA GetTable answer).
+
+        Equal GIDs, reserved bytes and multi-byte integers are shared between the records
+        (one source GID, P_Key, SLID... per table), so a table of N paths costs little more
+        than its N destinations. Same records as ``decode`` on each 64-byte slice.
+        """
+        if count <= 0:
+            return []
+        if stride < PATH_RECORD_LEN:
+            raise FieldRangeError(f"PathRecord table: stride {stride} < {PATH_RECORD_LEN}")
+        check_min_length("PathRecord table", data, (count - 1) * stride + PATH_RECORD_LEN)
+        blobs: dict[bytes, bytes] = {}
+        ints: dict[int, int] = {}
+        blob, number = blobs.setdefault, ints.setdefault
+        unpack = _LAYOUT.unpack_from
+        records = []
+        for offset in range(0, count * stride, stride):
+            (
+                service_id,
+                dgid,
+                sgid,
+                dlid,
+                slid,
+                fl_hop,
+                tclass,
+                rev_numpath,
+                pkey,
+                qos_sl,
+                mtu,
+                rate,
+                life,
+                preference,
+                reserved,
+            ) = unpack(data, offset)
+            flow_label = (fl_hop >> 8) & 0xFFFFF
+            records.append(
+                cls(
+                    number(service_id, service_id),
+                    dgid,
+                    blob(sgid, sgid),
+                    dlid,
+                    number(slid, slid),
+                    bool(fl_hop >> 31),
+                    number(flow_label, flow_label),
+                    fl_hop & 0xFF,
+                    tclass,
+                    bool(rev_numpath & REVERSIBLE_BIT),
+                    rev_numpath & 0x7F,
+                    number(pkey, pkey),
+                    qos_sl >> 4,
+                    qos_sl & 0xF,
+                    mtu >> 6,
+                    mtu & 0x3F,
+                    rate >> 6,
+                    rate & 0x3F,
+                    life >> 6,
+                    life & 0x3F,
+                    preference,
+                    blob(reserved, reserved),
+                    (fl_hop >> 28) & 0x7,
+                )
+            )
+        return records
 
     def comp_mask(self) -> int:
         """The SA component mask C derives from the non-zero fields (mad-protocol.md §9.4).

@@ -199,6 +199,8 @@ def test_rmpp_split_and_reassemble_ten_paths() -> None:
     assert [h.rmpp_flags & 7 for h in headers] == [3, 1, 1, 5]  # ACTIVE|FIRST ... ACTIVE|LAST
     assert [h.paylen_newwin for h in headers] == [720, 0, 0, 60]  # 4 x 20 + 640, 20 + 40
     assert all(h.rmpp_type == RmppType.DATA and h.attr_offset == 8 for h in headers)
+    # Only the RMPP header differs between segments: the MAD and SA headers are the input's.
+    assert all(s[:24] == whole[:24] and s[36:56] == whole[36:56] for s in segments)
     reassembler = RmppReassembler()
     results = [reassembler.feed(s) for s in segments]
     assert results[:3] == [None, None, None] and not reassembler.in_progress
@@ -240,6 +242,9 @@ def tamper(segment: bytes, offset: int, value: bytes) -> bytes:
         (lambda s: [s[0], s[2]], RmppError, "segment 3 arrived, expected 2"),
         (lambda s: [s[0], s[0]], RmppError, "segment 1 arrived, expected 2"),
         (lambda s: [s[0], segments_of(10, tid=2)[1]], RmppError, "has tid 0x2"),
+        (lambda s: [s[0], tamper(s[1], 1, b"\x04")], RmppError, "has mgmt_class 0x4, .* 0x3"),
+        (lambda s: [s[0], tamper(s[1], 3, b"\x81")], RmppError, "has method 0x81, .* 0x92"),
+        (lambda s: [s[0], tamper(s[1], 16, b"\x00\x38")], RmppError, "has attr_id 0x38"),
         (lambda s: [tamper(s[0], 26, b"\x01")], RmppError, "lacks the FIRST flag"),
         (lambda s: [tamper(s[0], 25, b"\x04")], RmppError, "rmpp_type 4 \\(ABORT\\)"),
         (lambda s: [tamper(s[0], 24, b"\x02")], BadVersionError, "rmpp_version 2"),

@@ -141,3 +141,30 @@ def test_object_round_trip(path: PathRecord) -> None:
 @settings(max_examples=200)
 def test_any_64_bytes_round_trip(raw: bytes) -> None:
     assert PathRecord.decode(raw).encode() == raw
+
+
+@settings(max_examples=50)
+@given(
+    st.lists(st.binary(min_size=64, max_size=64), max_size=12),
+    st.sampled_from([64, 72, 128]),
+)
+def test_decode_table_is_decode_of_each_record(raws: list[bytes], stride: int) -> None:
+    data = b"".join(raw.ljust(stride, b"\xee") for raw in raws)
+    table = PathRecord.decode_table(data, stride, len(raws))
+    assert table == [PathRecord.decode(raw) for raw in raws]
+
+
+def test_decode_table_shares_equal_fields_and_checks_its_bounds() -> None:
+    paths = [
+        PathRecord(sgid=PORT_GID, dgid=bytes([i]) * 16, slid=0x1234, dlid=0x100 + i, pkey=0xFFFF)
+        for i in range(3)
+    ]
+    table = PathRecord.decode_table(b"".join(p.encode() for p in paths), 64, 3)
+    assert table == paths
+    assert table[0].sgid is table[2].sgid and table[0].pkey is table[2].pkey
+    assert table[0].reserved is table[1].reserved
+    assert PathRecord.decode_table(b"", 64, 0) == []
+    with pytest.raises(TruncatedError):
+        PathRecord.decode_table(bytes(64 * 3 - 1), 64, 3)
+    with pytest.raises(FieldRangeError):
+        PathRecord.decode_table(bytes(64), 32, 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ibacm.fabric.sim.topology import LinkEnd, Topology
@@ -147,6 +148,44 @@ class Router:
                 gbps, rate = link.gbps, link.rate
         return PathInfo(src_hops + distance + dst_hops, mtu, rate)
 
+    def bottlenecks_from(self, src: int, dsts: Sequence[int]) -> list[tuple[int, int] | None]:
+        """(MTU, rate) of ``self.path(src, dst)`` for each of ``dsts`` (None: unreachable),
+        with the source side looked up once: an SA GetTable asks for a path to every port."""
+        src_switch, _hops, src_link = self._attachment(src)
+        if src_switch is None:
+            return [None] * len(dsts)
+        if not self.is_switch(src_switch):  # back-to-back HCAs: rare
+            return [_bottleneck(self.path(src, dst)) for dst in dsts]
+        table = self._from_switch(src_switch)
+        switch_mtu = self._switch_mtu
+        uplink = self._uplink
+        src_mtu, src_gbps, src_rate = src_link.mtu, src_link.gbps, src_link.rate
+        found: list[tuple[int, int] | None] = []
+        for dst in dsts:
+            if dst == src:
+                found.append(_bottleneck(self.path(src, dst)))
+                continue
+            if dst in switch_mtu:
+                dst_switch, dst_mtu, dst_gbps, dst_rate = dst, switch_mtu[dst], math.inf, 0
+            else:
+                attached = uplink.get(dst)
+                if attached is None:
+                    found.append(None)
+                    continue
+                dst_switch, link = attached
+                dst_mtu, dst_gbps, dst_rate = link.mtu, link.gbps, link.rate
+            route = table.get(dst_switch)
+            if route is None:  # unreachable, or behind an HCA (not a switch)
+                found.append(None)
+                continue
+            _distance, mtu, gbps, rate = route
+            if src_gbps < gbps:
+                gbps, rate = src_gbps, src_rate
+            if dst_gbps < gbps:
+                rate = dst_rate
+            found.append((min(mtu, src_mtu, dst_mtu), rate))
+        return found
+
     def _attachment(self, guid: int) -> tuple[int | None, int, LinkInfo]:
         if guid in self._switch_mtu:
             return guid, 0, LinkInfo(0, 0, self._switch_mtu[guid], 0, math.inf)
@@ -175,3 +214,7 @@ class Router:
                 queue.append(neighbour)
         self._cache[source] = best
         return best
+
+
+def _bottleneck(info: PathInfo | None) -> tuple[int, int] | None:
+    return None if info is None else (info.mtu, info.rate)

@@ -15,7 +15,8 @@ with its last full member. Unknown attributes or methods get generic status 0x00
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import struct
+from collections.abc import Callable, Iterable, Sequence
 from types import SimpleNamespace
 from typing import Protocol
 
@@ -47,7 +48,13 @@ from ibacm.wire.mad import (
     sa_status_word,
     split_rmpp,
 )
-from ibacm.wire.path_record import PATH_RECORD_LEN, PathComp, PathRecord
+from ibacm.wire.path_record import (
+    PATH_LAYOUT,
+    PATH_RECORD_LEN,
+    REVERSIBLE_BIT,
+    PathComp,
+    PathRecord,
+)
 from ibacm.wire.rates import rate_to_gbps
 
 LINK_LOCAL_PREFIX = 0xFE80000000000000
@@ -247,15 +254,16 @@ class SubnetAdministrator:
         targets = self._ends(comp, _PC.DGID, _PC.DLID, path.dgid, path.dlid)
         if len(sources) * len(targets) > MAX_PAIRS:
             raise _SaFail(sa_status_word(SaStatus.NO_RESOURCES))
-        single = request.mad.method == Method.GET
+        if request.mad.method == Method.GET:
+            for src in sources:
+                for dst in targets:
+                    record = self._pair(path, comp, src, dst)
+                    if record is not None:
+                        return self._single(request, record.encode())
+            raise _SaFail(sa_status_word(SaStatus.NO_RECORDS))
         records: list[bytes] = []
         for src in sources:
-            for dst in targets:
-                record = self._pair(path, comp, src, dst)
-                if record is not None:
-                    records.append(record.encode())
-                    if single:
-                        return self._single(request, records[0])
+            records += self._table_from(path, comp, src, targets)
         return self._answer(request, records, PATH_RECORD_LEN)
 
     @staticmethod
@@ -315,6 +323,100 @@ class SubnetAdministrator:
             packet_life_selector=2,
             packet_life=0 if src is dst else life,
         )
+
+    def _table_from(
+        self, path: PathRecord, comp: int, src: SaEndpoint, targets: Sequence[SaEndpoint]
+    ) -> list[bytes]:
+        """``self._pair(path, comp, src, dst).encode()`` for every ``dst`` that has a path,
+        with everything that does not depend on ``dst`` worked out once: a GetTable of one
+        source answers N pairs.
+
+        Without MTU or rate selectors in ``comp`` a path is reversible whenever it exists:
+        reachability and partition sharing are symmetric, and the packet lifetime does not
+        depend on the direction. With selectors, the reverse direction is checked as in
+        ``_pair``.
+        """
+        life = _select_life(path, comp, self.fabric.subnet_timeout)
+        if life is None:
+            return []
+        selectors = bool(
+            (comp & _PC.MTU_SELECTOR and comp & _PC.MTU)
+            or (comp & _PC.RATE_SELECTOR and comp & _PC.RATE)
+        )
+        prefix = self.fabric.subnet_prefix.to_bytes(8, "big")
+        sgid = path.sgid if comp & _PC.SGID else prefix + src.guid.to_bytes(8, "big")
+        slid = path.slid if comp & _PC.SLID else src.lid
+        fixed_dlid = path.dlid if comp & _PC.DLID else None
+        sl = path.sl if comp & _PC.SL else 0
+        wants_reversible = bool(comp & _PC.REVERSIBLE and path.reversible)
+        pkey_of = self._pkey_chooser(path, comp, src)
+        infos = self.fabric.router.bottlenecks_from(src.guid, [dst.guid for dst in targets])
+        pack = PATH_LAYOUT.pack
+        reserved = bytes(6)
+        records = []
+        for dst, info in zip(targets, infos, strict=True):
+            if info is None:
+                continue
+            mtu, rate = info
+            reversible = True
+            if selectors:
+                chosen_mtu = _select_mtu(path, comp, mtu)
+                chosen_rate = _select_rate(path, comp, rate)
+                if chosen_mtu is None or chosen_rate is None:
+                    continue
+                mtu, rate = chosen_mtu, chosen_rate
+                reversible = self._params(path, comp, dst, src) is not None
+            pkey = pkey_of(dst.pkeys)
+            if pkey is None or (wants_reversible and not reversible):
+                continue
+            try:
+                record = pack(
+                    0,
+                    prefix + dst.guid.to_bytes(8, "big"),
+                    sgid,
+                    dst.lid if fixed_dlid is None else fixed_dlid,
+                    slid,
+                    0,
+                    0,
+                    REVERSIBLE_BIT if reversible else 0,
+                    pkey,
+                    sl,
+                    0x80 | mtu,
+                    0x80 | rate,
+                    0x80 | (0 if src is dst else life),
+                    0,
+                    reserved,
+                )
+            except struct.error:
+                # A value out of range: the record codec reports it as the per-pair path does.
+                pair = self._pair(path, comp, src, dst)
+                record = pair.encode() if pair is not None else b""
+            if record:
+                records.append(record)
+        return records
+
+    @staticmethod
+    def _pkey_chooser(
+        path: PathRecord, comp: int, src: SaEndpoint
+    ) -> Callable[[tuple[int, ...]], int | None]:
+        """The P_Key ``_params`` gives a pair as a function of the destination's P_Key table
+        (memoized: most ports share one table)."""
+        chosen: dict[tuple[int, ...], int | None] = {}
+        mine = src.pkeys
+
+        def choose(theirs: tuple[int, ...]) -> int | None:
+            try:
+                return chosen[theirs]
+            except KeyError:
+                pass
+            if comp & _PC.PKEY:
+                pkey = path.pkey if _ports_share(mine, theirs, path.pkey) else None
+            else:
+                pkey = _common_pkey(mine, theirs)
+            chosen[theirs] = pkey
+            return pkey
+
+        return choose
 
     def _params(
         self, path: PathRecord, comp: int, src: SaEndpoint, dst: SaEndpoint

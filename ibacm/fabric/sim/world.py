@@ -754,10 +754,22 @@ class SimWorld:
         path = self.router.path(self.sm_guid, requester.guid)
         if path is None:
             return
+        delay = self._latency(path.hops)
         for response in responses:
             self._count(response)
+        faults = self.faults
+        if faults.loss or faults.duplicate or faults.corrupt:
             arrive = partial(self._sa_response_arrives, requester)
-            self._send_copies(response, self._latency(path.hops), arrive)
+            for response in responses:
+                self._send_copies(response, delay, arrive)
+        else:
+            # Every copy arrives: the segments of one answer travel as one batch, which is
+            # the same order and time as one delivery each (hundreds per GetTable at scale).
+            self._scheduler.call_later(delay, self._sa_responses_arrive, requester, responses)
+
+    def _sa_responses_arrive(self, port: PortRuntime, mads: list[bytes]) -> None:
+        for mad in mads:
+            self._sa_response_arrives(port, mad)
 
     def _sa_response_arrives(self, port: PortRuntime, mad: bytes) -> None:
         if not port.active:
