@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import structlog
 import trio
 
 from ibacm.fabric.api import AddressVector, FabricError, SaTimeout
+from ibacm.log import get_logger
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
 from ibacm.wire.mad import (
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ibacm.config.options import Options
     from ibacm.provider.api import CorePort, CoreServices
 
-log = structlog.get_logger("ibacm.acmp")
+log = get_logger("ibacm.acmp")
 
 BUSY_BACKOFF_INITIAL = 0.05
 """Seconds before the first retry of a query the SA answered BUSY; doubles each time."""
