@@ -19,6 +19,7 @@ Times are trio clock seconds; ``math.inf`` means "never".
 from __future__ import annotations
 
 import enum
+import functools
 import heapq
 import ipaddress
 import itertools
@@ -51,8 +52,12 @@ class CacheKeyError(ValueError):
     """An address cannot be a cache key (unknown type, too long)."""
 
 
+@functools.lru_cache(maxsize=16384)
 def cache_key(addr_type: int, address: bytes) -> CacheKey:
-    """The canonical key of an address (see the module docstring)."""
+    """The canonical key of an address (see the module docstring).
+
+    A pure function, memoised: a job start asks for the same few thousand peers again and
+    again, and every cache holding a peer then shares one key object."""
     if addr_type == NAME and len(address) <= ADDRESS_LEN:
         # Names first: an all-to-all job start makes two keys per resolution (ours, peers').
         return NAME, address.split(b"\0", 1)[0].lower().ljust(ADDRESS_LEN, b"\0")
