@@ -105,7 +105,7 @@ class Connection:
     def stop_reading(self) -> None:
         """Shutdown: take no more requests; the replies already owed are still sent."""
         if self._poller is not None:
-            self._poller.forget(self._fd)
+            self._poller.forget(self._fd, self)
         self._reading = False
         self._reading_done.set()
 
@@ -131,7 +131,7 @@ class Connection:
                         return
                     await self._reading_done.wait()
             finally:
-                poller.forget(self._fd)
+                poller.forget(self._fd, self)
                 # The writer sends what is owed, then ends (closing the connection).
                 self._send.close()
 
@@ -308,8 +308,10 @@ class Poller:
         """``connection`` has replies to write at the end of this round."""
         self._unflushed.append(connection)
 
-    def forget(self, fd: int) -> None:
-        if self._watched.pop(fd, None) is not None:
+    def forget(self, fd: int, connection: Connection) -> None:
+        # Only this connection's registration: a descriptor number is reused once closed.
+        if self._watched.get(fd) is connection:
+            del self._watched[fd]
             with contextlib.suppress(OSError):  # already closed: epoll dropped it itself
                 self._epoll.unregister(fd)
 
