@@ -1,2 +1,3 @@
 """IB ACM: InfiniBand Communication Management Assistant, reimplemented on trio."""
+
 __version__ = "0.1.0"
