@@ -264,23 +264,70 @@ class PathRecord:
     def decode(cls, data: bytes) -> PathRecord:
         """Decode exactly 64 bytes (TruncatedError if shorter, OversizeError if longer)."""
         check_exact_length("PathRecord", data, PATH_RECORD_LEN)
-        (
-            service_id,
-            dgid,
-            sgid,
-            dlid,
-            slid,
-            fl_hop,
-            tclass,
-            rev_numpath,
-            pkey,
-            qos_sl,
-            mtu,
-            rate,
-            life,
-            preference,
-            reserved,
-        ) = _LAYOUT.unpack(data)
+        return cls._from_fields(*_LAYOUT.unpack(data))
+
+    @classmethod
+    def decode_table(cls, data: bytes, stride: int, count: int) -> list[PathRecord]:
+        """``count`` records ``stride`` bytes apart in ``data`` (an SA GetTable answer).
+
+        Equal GIDs, reserved bytes and multi-byte integers are shared between the records
+        (one source GID, P_Key, SLID... per table), so a table of N paths costs little more
+        than its N destinations. Same records as ``decode`` on each 64-byte slice.
+        """
+        if count <= 0:
+            return []
+        if stride < PATH_RECORD_LEN:
+            raise FieldRangeError(f"PathRecord table: stride {stride} < {PATH_RECORD_LEN}")
+        check_min_length("PathRecord table", data, (count - 1) * stride + PATH_RECORD_LEN)
+        ints: dict[int, int] = {}
+        blobs: dict[bytes, bytes] = {}
+        number, blob = ints.setdefault, blobs.setdefault
+        unpack = _LAYOUT.unpack_from
+        build = cls._from_fields
+        records = []
+        for offset in range(0, count * stride, stride):
+            f = unpack(data, offset)
+            records.append(
+                build(
+                    number(f[0], f[0]),  # service ID
+                    f[1],  # DGID: one per record
+                    blob(f[2], f[2]),  # SGID
+                    f[3],  # DLID
+                    number(f[4], f[4]),  # SLID
+                    number(f[5], f[5]),  # flow label and hop limit
+                    f[6],
+                    f[7],
+                    number(f[8], f[8]),  # P_Key
+                    f[9],
+                    f[10],
+                    f[11],
+                    f[12],
+                    f[13],
+                    blob(f[14], f[14]),  # reserved
+                )
+            )
+        return records
+
+    @classmethod
+    def _from_fields(
+        cls,
+        service_id: int,
+        dgid: bytes,
+        sgid: bytes,
+        dlid: int,
+        slid: int,
+        fl_hop: int,
+        tclass: int,
+        rev_numpath: int,
+        pkey: int,
+        qos_sl: int,
+        mtu: int,
+        rate: int,
+        life: int,
+        preference: int,
+        reserved: bytes,
+    ) -> PathRecord:
+        """A record from the packed fields of ``PATH_LAYOUT``."""
         return cls(
             service_id,
             dgid,
@@ -306,72 +353,6 @@ class PathRecord:
             reserved,
             (fl_hop >> 28) & 0x7,
         )
-
-    @classmethod
-    def decode_table(cls, data: bytes, stride: int, count: int) -> list[PathRecord]:
-        """``count`` records ``stride`` bytes apart in ``data`` (an SA GetTable answer).
-
-        Equal GIDs, reserved bytes and multi-byte integers are shared between the records
-        (one source GID, P_Key, SLID... per table), so a table of N paths costs little more
-        than its N destinations. Same records as ``decode`` on each 64-byte slice.
-        """
-        if count <= 0:
-            return []
-        if stride < PATH_RECORD_LEN:
-            raise FieldRangeError(f"PathRecord table: stride {stride} < {PATH_RECORD_LEN}")
-        check_min_length("PathRecord table", data, (count - 1) * stride + PATH_RECORD_LEN)
-        blobs: dict[bytes, bytes] = {}
-        ints: dict[int, int] = {}
-        blob, number = blobs.setdefault, ints.setdefault
-        unpack = _LAYOUT.unpack_from
-        records = []
-        for offset in range(0, count * stride, stride):
-            (
-                service_id,
-                dgid,
-                sgid,
-                dlid,
-                slid,
-                fl_hop,
-                tclass,
-                rev_numpath,
-                pkey,
-                qos_sl,
-                mtu,
-                rate,
-                life,
-                preference,
-                reserved,
-            ) = unpack(data, offset)
-            flow_label = (fl_hop >> 8) & 0xFFFFF
-            records.append(
-                cls(
-                    number(service_id, service_id),
-                    dgid,
-                    blob(sgid, sgid),
-                    dlid,
-                    number(slid, slid),
-                    bool(fl_hop >> 31),
-                    number(flow_label, flow_label),
-                    fl_hop & 0xFF,
-                    tclass,
-                    bool(rev_numpath & REVERSIBLE_BIT),
-                    rev_numpath & 0x7F,
-                    number(pkey, pkey),
-                    qos_sl >> 4,
-                    qos_sl & 0xF,
-                    mtu >> 6,
-                    mtu & 0x3F,
-                    rate >> 6,
-                    rate & 0x3F,
-                    life >> 6,
-                    life & 0x3F,
-                    preference,
-                    blob(reserved, reserved),
-                    (fl_hop >> 28) & 0x7,
-                )
-            )
-        return records
 
     def comp_mask(self) -> int:
         """The SA component mask C derives from the non-zero fields (mad-protocol.md §9.4).
