@@ -93,7 +93,6 @@ class Connection:
         self._send, self._receive = trio.open_memory_channel[_Reply](max_pending)
         self._nursery: trio.Nursery | None = None
         self._poller: Poller | None = None
-        self._reading = True
         self._reading_done = trio.Event()
         self._outbox: list[bytes] = []
         """Replies answered at once in the poller's current round, written at its end
@@ -106,7 +105,6 @@ class Connection:
         """Shutdown: take no more requests; the replies already owed are still sent."""
         if self._poller is not None:
             self._poller.forget(self._fd, self)
-        self._reading = False
         self._reading_done.set()
 
     def abort(self) -> None:
@@ -119,7 +117,7 @@ class Connection:
             self._nursery = nursery
             nursery.start_soon(self._writer)
             try:
-                if self._reading:
+                if not self._reading_done.is_set():
                     self._poller = poller
                     try:
                         poller.watch(self._fd, self)
@@ -140,7 +138,7 @@ class Connection:
 
         One read per call, so a client that never pauses gets its turn like everybody else.
         """
-        if not self._reading:
+        if self._reading_done.is_set():
             return
         try:
             data = os.read(self._fd, RECEIVE_SIZE)
@@ -185,12 +183,9 @@ class Connection:
 
     def _queue(self, reply: _Reply) -> bool:
         """Give ``reply`` its place in the order; False once the connection is closing."""
-        if self._outbox:
-            # Replies answered earlier in this round go first.
-            outbox = b"".join(self._outbox)
-            self._outbox.clear()
-            if not self._queue(_done(outbox)):
-                return False
+        # Replies answered earlier in this round go first.
+        if self._outbox and not self._queue(_done(self._take_outbox())):
+            return False
         try:
             self._send.send_nowait(reply)
         except trio.WouldBlock:
@@ -234,13 +229,17 @@ class Connection:
         self._nursery.start_soon(self._resolve, frame, reply)
         return True
 
+    def _take_outbox(self) -> bytes:
+        data = b"".join(self._outbox)
+        self._outbox.clear()
+        return data
+
     def flush(self) -> None:
         """Write the replies answered in this round, in one write (ib_acme reads a reply with
         one recv). Nothing is owed before them; what does not fit goes to the writer."""
         if not self._outbox:
             return
-        data = b"".join(self._outbox)
-        self._outbox.clear()
+        data = self._take_outbox()
         try:
             written = os.write(self._fd, data)
         except BlockingIOError:

@@ -22,7 +22,7 @@ from typing import IO, Any, Protocol
 
 import structlog
 
-from ibacm import log as ibacm_log
+from ibacm.log import get_logger as get_logger  # re-exported: the daemon's loggers
 
 CONFIG_LOGGER = "ibacm.config"
 """Logger of the start-up configuration banner, written at every log level (as C does)."""
@@ -187,7 +187,3 @@ class LogControl:
             with contextlib.suppress(Exception):
                 bus.publish("log", {k: _plain(v) for k, v in event_dict.items()})
         return event_dict
-
-
-get_logger = ibacm_log.get_logger
-"""A module's logger (level-gated, see ``ibacm.log``)."""

@@ -61,6 +61,11 @@ class Faults:
             raise FaultSettingError(f"{name}: cannot use {text!r}: {exc}") from exc
         setattr(self, name, value)
 
+    @property
+    def alters_transmissions(self) -> bool:
+        """Whether a transmission may be lost, duplicated or corrupted."""
+        return bool(self.loss or self.duplicate or self.corrupt)
+
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

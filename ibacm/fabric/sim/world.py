@@ -646,8 +646,7 @@ class SimWorld:
         self._dispatch_ud([(receiver, received)], self._latency(path.hops))
 
     def _dispatch_ud(self, items: list[tuple[WorldQp, ReceivedMad]], delay: float) -> None:
-        faults = self.faults
-        if faults.loss or faults.duplicate or faults.corrupt:
+        if self.faults.alters_transmissions:
             fated: list[tuple[WorldQp, ReceivedMad]] = []
             for receiver, received in items:
                 copies, outcome = self._inject.copies(received.mad)
