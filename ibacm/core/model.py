@@ -200,10 +200,15 @@ def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) ->
     if addr_type not in _LOCAL_TYPES:
         return None
     key = address_key(addr_type, info)
-    for endpoint in iter_endpoints(devices):
-        slot = endpoint.find(key)
-        if slot is not None:
-            return slot
+    # Plain loops: this runs for every RESOLVE (iter_endpoints' order, without generators).
+    for device in devices:
+        for port in device.ports:
+            if port.core is None:  # not up
+                continue
+            for endpoint in port.endpoints:
+                for slot in endpoint.slots:
+                    if slot is not None and slot.key == key:
+                        return slot
     return None
 
 
