@@ -5,13 +5,18 @@ behavior.md §9. Differences from C, all invisible on the wire:
 * Keys are canonical (defect 34): a name key is lower-cased and cut at its first NUL, every
   other type keeps only its significant bytes (IPv4 4, IPv6/GID 16, LID 2); all keys are
   zero-padded to 64 bytes. Lookups are one dict access.
-* Entries carry both the route (``path``) and the template of the SA query that finds it
-  (``query``). The template is rebuilt whenever address data is recorded, so a re-resolved
-  entry never sends stale path fields to the SA (defect 33).
+* Entries carry both the route (``path``) and what the SA query that finds it is made of
+  (``route_query``): an explicit template (hosts file, path form, restored cache), or, for a
+  peer learned through ACM, the group record and the peer's GID, from which the query is
+  built only when it is sent. Address data recorded again replaces both, so a re-resolved
+  entry never sends stale path fields to the SA (defect 33), and an all-to-all job start
+  does not keep N^2 query records nobody sends.
 * A bound (``cache_max_entries``) evicts the least recently used learned entry that nobody is
   waiting on (defect 32); loopback entries live in their own map and are never evicted.
-* Expiry runs in the background from a heap of deadlines (``expire``), besides the on-lookup
-  checks of C, so entries of peers nobody asks for again do not stay forever.
+* Expiry runs in the background from deadlines grouped by the second (``expire``), besides
+  the on-lookup checks of C, so entries of peers nobody asks for again do not stay forever.
+  The on-lookup checks are exact; the background sweep may come up to a second late, which
+  costs an entry a list slot instead of a heap item of its own.
 
 Times are trio clock seconds; ``math.inf`` means "never".
 """
@@ -22,13 +27,14 @@ import enum
 import functools
 import heapq
 import ipaddress
-import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from ibacm.acmp.routes import address_query
 
 if TYPE_CHECKING:
     from ibacm.fabric.api import AddressVector
@@ -43,6 +49,7 @@ TYPE_NAMES: dict[int, str] = {NAME: "name", IP: "ip", IP6: "ip6", GID: "gid", LI
 
 NO_MGID = bytes(16)
 """The MGID of an entry that knows none (shared: bytes are immutable)."""
+NO_GID = NO_MGID
 
 CacheKey = tuple[int, bytes]
 """(address type, canonical 64-byte address)."""
@@ -174,16 +181,20 @@ class DestEntry:
         "av",
         "hits",
         "key",
+        "learned_from",
         "loopback",
         "mgid",
         "op",
         "path",
+        "peer_gid",
         "peer_lid",
+        "peer_path_bits",
         "preloaded",
         "query",
         "ready_at",
         "remote_qpn",
         "reply_tid",
+        "route_av",
         "route_expiry",
         "scheduled",
         "state",
@@ -196,9 +207,19 @@ class DestEntry:
         self.path: PathRecord | None = None
         """The route (valid in READY)."""
         self.query: PathRecord | None = None
-        """Template of the SA PathRecord query (valid from ADDR_RESOLVED)."""
+        """Explicit template of the SA PathRecord query, when the address did not come
+        through ACM (see ``route_query``)."""
+        self.learned_from: PathRecord | None = None
+        """The record of the multicast group the peer's address was learned through."""
+        self.peer_gid = NO_GID
         self.av: AddressVector | None = None
-        """Unicast address vector to the peer (responses)."""
+        """Unicast address vector to the peer (responses), once built: an endpoint makes it
+        when first needed (``AcmpEndpoint.peer_av``), most peers never need one."""
+        self.route_av = False
+        """The address vector follows ``path`` (an SA or table route), not the group the
+        peer was learned through."""
+        self.peer_path_bits = 0
+        """DLID path bits the peer's request came to (the source path bits of our answer)."""
         self.mgid = NO_MGID
         self.remote_qpn = 0
         self.peer_lid = 0
@@ -227,6 +248,26 @@ class DestEntry:
         """Someone depends on this entry staying in the cache."""
         return self.op is not None or self.reply_tid is not None
 
+    def route_dest(self) -> tuple[bytes, int] | None:
+        """(DGID, DLID) the route query asks for; None before the address is known."""
+        query = self.query
+        if query is not None:
+            return query.dgid, query.dlid
+        if self.learned_from is not None:
+            return self.peer_gid, 0
+        return None
+
+    def route_query(self) -> PathRecord | None:
+        """The SA PathRecord query for this entry's route (valid from ADDR_RESOLVED): the
+        explicit template, else sgid/tclass/pkey of the group the peer came through and the
+        peer's GID (mad-protocol.md §9.5), built fresh each time it is asked for."""
+        if self.query is not None:
+            return self.query
+        base = self.learned_from
+        if base is None:
+            return None
+        return address_query(base.sgid, self.peer_gid, base.tclass, base.pkey)
+
     def poke(self, status: int = 0) -> None:
         """Wake the resolution task waiting for the peer, if any, with ``status``."""
         if self.wake is not None:
@@ -237,7 +278,11 @@ class DestEntry:
         self.state = EntryState.INIT
         self.path = None
         self.query = None
+        self.learned_from = None
+        self.peer_gid = NO_GID
         self.av = None
+        self.route_av = False
+        self.peer_path_bits = 0
         self.mgid = NO_MGID
         self.remote_qpn = 0
         self.peer_lid = 0
@@ -284,8 +329,10 @@ class DestCache:
         self.listener = listener
         self._loopback: dict[CacheKey, DestEntry] = {}
         self._entries: OrderedDict[CacheKey, DestEntry] = OrderedDict()
-        self._deadlines: list[tuple[float, int, DestEntry]] = []
-        self._seq = itertools.count()
+        self._due: dict[float, list[DestEntry]] = {}
+        """Entries to look at, by the whole second their earliest deadline falls in."""
+        self._seconds: list[float] = []
+        """Heap of the keys of ``_due``."""
         self.evicted = 0
         self.expired = 0
 
@@ -364,14 +411,22 @@ class DestCache:
 
     def _schedule(self, entry: DestEntry, deadline: float) -> None:
         # One pending wake-up per entry: a later deadline waits for the earlier wake-up,
-        # which schedules what is left (an all-to-all would push 3 heap items per entry).
-        if deadline == math.inf or entry.loopback or entry.scheduled <= deadline:
+        # which schedules what is left (an all-to-all would queue 3 wake-ups per entry).
+        if deadline == math.inf or entry.loopback:
             return
-        entry.scheduled = deadline
-        heapq.heappush(self._deadlines, (deadline, next(self._seq), entry))
+        second = float(math.ceil(deadline))
+        if entry.scheduled <= second:
+            return
+        entry.scheduled = second
+        due = self._due.get(second)
+        if due is None:
+            self._due[second] = [entry]
+            heapq.heappush(self._seconds, second)
+        else:
+            due.append(entry)
 
     def next_deadline(self) -> float:
-        return self._deadlines[0][0] if self._deadlines else math.inf
+        return self._seconds[0] if self._seconds else math.inf
 
     def expire(self, now: float) -> int:
         """Apply every deadline due at ``now``; returns how many entries changed.
@@ -380,26 +435,31 @@ class DestCache:
         back to ADDR_RESOLVED. Entries with a resolution in progress are left to it.
         """
         changed = 0
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, entry = heapq.heappop(self._deadlines)
-            if entry.scheduled != deadline:
-                continue  # an earlier wake-up of this entry took over
-            entry.scheduled = math.inf
-            if self._entries.get(entry.key) is not entry or entry.busy:
-                continue  # gone, replaced, or being worked on (it will get new deadlines)
-            if entry.addr_expiry <= now and entry.state >= EntryState.ADDR_RESOLVED:
-                del self._entries[entry.key]
-                self.expired += 1
-                changed += 1
-                self._tell(entry, True)
-                continue
-            if entry.route_expiry <= now and entry.state == EntryState.READY:
-                entry.state = EntryState.ADDR_RESOLVED
-                changed += 1
-                self._tell(entry, False)
-            later = [d for d in (entry.addr_expiry, entry.route_expiry) if d > now]
-            if later:
-                self._schedule(entry, min(later))
+        while self._seconds and self._seconds[0] <= now:
+            second = heapq.heappop(self._seconds)
+            for entry in self._due.pop(second):
+                if entry.scheduled != second:
+                    continue  # an earlier wake-up of this entry took over
+                entry.scheduled = math.inf
+                changed += self._apply_deadlines(entry, now)
+        return changed
+
+    def _apply_deadlines(self, entry: DestEntry, now: float) -> int:
+        if self._entries.get(entry.key) is not entry or entry.busy:
+            return 0  # gone, replaced, or being worked on (it will get new deadlines)
+        if entry.addr_expiry <= now and entry.state >= EntryState.ADDR_RESOLVED:
+            del self._entries[entry.key]
+            self.expired += 1
+            self._tell(entry, True)
+            return 1
+        changed = 0
+        if entry.route_expiry <= now and entry.state == EntryState.READY:
+            entry.state = EntryState.ADDR_RESOLVED
+            changed = 1
+            self._tell(entry, False)
+        later = [d for d in (entry.addr_expiry, entry.route_expiry) if d > now]
+        if later:
+            self._schedule(entry, min(later))
         return changed
 
     # -- bound ----------------------------------------------------------------------------

@@ -45,7 +45,13 @@ from ibacm.acmp.groups import (
 )
 from ibacm.acmp.protocol import PeerProtocol
 from ibacm.acmp.resolution import Resolver
-from ibacm.acmp.routes import BULK_COMP_MASK, SaPaths, av_from_path, loopback_path
+from ibacm.acmp.routes import (
+    BULK_COMP_MASK,
+    SaPaths,
+    av_from_path,
+    av_to_peer,
+    loopback_path,
+)
 from ibacm.config.options import LoopbackProt
 from ibacm.fabric.api import AddressVector, FabricError, UdQp
 from ibacm.log import get_logger
@@ -216,12 +222,17 @@ class AcmpEndpoint:
         self.port = port
         self.core: CoreServices = port.core
         self.options: Options = port.core.options
+        # Read for every entry learned: the options do not change once endpoints exist.
+        self.addr_lifetime = self.options.addr_lifetime
+        self.route_lifetime = self.options.route_lifetime
         self.core_endpoint = core_endpoint
         self.pkey = core_endpoint.pkey
         self.cache = cache
         self.counters = counters
         self.stats = EndpointStats()
         self.state = EndpointState.INIT
+        self.ready = False
+        """``state`` is READY (a plain attribute: every MAD received reads it)."""
         self.qp: UdQp | None = None
         self.groups = [
             McGroup(index, spec, self.pkey)
@@ -249,10 +260,6 @@ class AcmpEndpoint:
         cache.listener = self._cache_changed
 
     # -- identity -------------------------------------------------------------------------
-
-    @property
-    def ready(self) -> bool:
-        return self.state is EndpointState.READY
 
     @property
     def partition(self) -> int:
@@ -431,6 +438,7 @@ class AcmpEndpoint:
 
     def set_state(self, state: EndpointState) -> None:
         self.state = state
+        self.ready = state is EndpointState.READY
         self.core.publish("endpoint", {"id": self.name, "state": state.value})
 
     def publish_entry(self, entry: DestEntry, removed: bool = False) -> None:
@@ -551,7 +559,7 @@ class AcmpEndpoint:
                 continue
             delay = self.options.join_retry_initial_ms / 1000.0
             self.load_bulk(records)
-            with trio.move_on_after(self.options.route_lifetime):
+            with trio.move_on_after(self.route_lifetime):
                 await self._bulk_refresh.wait()
 
     def load_bulk(self, records: list[PathRecord]) -> None:
@@ -567,11 +575,34 @@ class AcmpEndpoint:
         self.bulk_loaded_at = trio.current_time()
         log.info("bulk route preload", endpoint=self.name, paths=len(by_gid))
 
-    def bulk_route(self, dgid: bytes, dlid: int) -> PathRecord | None:
+    def peer_av(self, entry: DestEntry) -> AddressVector | None:
+        """The unicast address vector to an entry's peer, built on first use and kept.
+
+        From the route when the route came from the SA or the bulk table; else from the
+        group the peer was learned through, to the LID and GID its MAD came from. None when
+        neither is known (or that group is no longer joined)."""
+        av = entry.av
+        if av is not None:
+            return av
+        if entry.route_av:
+            path = entry.path
+            if path is None:
+                return None
+            port = self.port
+            av = av_from_path(path, port.sgid_index(path.sgid), port.lid_mask)
+        else:
+            group = self.joined.get(entry.mgid)
+            if entry.learned_from is None or group is None or group.av is None:
+                return None
+            av = av_to_peer(group.av, entry.peer_lid, entry.peer_gid, entry.peer_path_bits)
+        entry.av = av
+        return av
+
+    def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None:
         """A route from the bulk table, while it is younger than the route lifetime."""
         if not self.bulk_by_gid:
             return None
-        if trio.current_time() - self.bulk_loaded_at >= self.options.route_lifetime:
+        if now - self.bulk_loaded_at >= self.route_lifetime:
             return None
         if any(dgid):
             return self.bulk_by_gid.get(dgid)
@@ -583,8 +614,12 @@ class AcmpEndpoint:
         self._bulk_refresh.set()
         count = 0
         for entry in self.cache.learned():
-            # Entries without a query template came from the route file: keep them.
-            if entry.state is EntryState.READY and entry.query is not None and not entry.busy:
+            # Entries without a query came from the route file: keep them.
+            if (
+                entry.state is EntryState.READY
+                and (entry.query is not None or entry.learned_from is not None)
+                and not entry.busy
+            ):
                 entry.state = EntryState.ADDR_RESOLVED
                 count += 1
         return count

@@ -136,7 +136,7 @@ def preload_hosts(endpoint: AcmpEndpoint, hosts: Iterable[HostEntry]) -> int:
         routed = endpoint.cache.get(gid_key(host.gid))
         if routed is not None and routed.state is EntryState.READY and routed.path is not None:
             entry.path = routed.path
-            entry.av = routed.av
+            entry.av = endpoint.peer_av(routed)
             entry.peer_lid = routed.peer_lid
             entry.state = EntryState.READY
             entry.ready_at = now

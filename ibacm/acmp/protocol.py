@@ -19,6 +19,7 @@ wait (an SA route query before answering) runs as a resolution in the endpoint's
 
 from __future__ import annotations
 
+from logging import DEBUG
 from typing import TYPE_CHECKING
 
 import trio
@@ -33,8 +34,6 @@ from ibacm.acmp.cache import (
     cache_key,
 )
 from ibacm.acmp.groups import McGroup, select_group
-from ibacm.acmp.routes import address_query
-from ibacm.fabric.api import AddressVector
 from ibacm.log import get_logger
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus
@@ -70,6 +69,8 @@ class PeerProtocol:
     # -- responder side -------------------------------------------------------------------
 
     def _on_request(self, received: ReceivedMad, mad: AcmMad) -> None:
+        # Every daemon of a job start receives every other daemon's request: this runs N-1
+        # times per daemon, so it keeps to plain attribute reads and one clock reading.
         ep = self.ep
         if mad.method != ACM_METHOD_RESOLVE or not 1 <= mad.src_type <= MAX_ADDRESS_TYPE:
             ep.stats.bad_mads += 1
@@ -87,37 +88,39 @@ class PeerProtocol:
         entry = ep.cache.acquire(key)
         if entry.loopback:
             return
-        log.debug(
-            "acm request received",
-            tid=mad.tid,
-            src=KeyText(key),
-            for_us=targets_us,
-            state=entry.state,
-        )
-        if entry.state is EntryState.QUERY_ROUTE:
+        if log.enabled(DEBUG):
+            log.debug(
+                "acm request received",
+                tid=mad.tid,
+                src=KeyText(key),
+                for_us=targets_us,
+                state=entry.state,
+            )
+        state = entry.state
+        if state is EntryState.QUERY_ROUTE:
             # The route is being looked up already: answer when it is known.
             if targets_us:
                 entry.reply_tid = mad.tid
             return
-        if self._peer_changed(entry, received):
+        now = trio.current_time()
+        if (
+            state is EntryState.INIT
+            or state is EntryState.QUERY_ADDR
+            or entry.remote_qpn != received.src_qp
+            or entry.peer_lid != received.slid
+        ):
+            # The request tells us something new about its sender.
             group = select_group(mad.gids, ep.joined)
             if group is None:
                 self._no_common_group(entry)
                 return
-            self.record_address(entry, received, group)
-        self._after_request(entry, mad.tid, targets_us)
+            self.record_address(entry, received, group, now)
+        self._after_request(entry, mad.tid, targets_us, now)
 
-    @staticmethod
-    def _peer_changed(entry: DestEntry, received: ReceivedMad) -> bool:
-        """Whether the request tells us something new about its sender."""
-        if entry.state in (EntryState.INIT, EntryState.QUERY_ADDR):
-            return True
-        return entry.remote_qpn != received.src_qp or entry.peer_lid != received.slid
-
-    def _after_request(self, entry: DestEntry, tid: int, targets_us: bool) -> None:
+    def _after_request(self, entry: DestEntry, tid: int, targets_us: bool, now: float) -> None:
         ep = self.ep
         if entry.state is EntryState.ADDR_RESOLVED:
-            if ep.resolver.route_now(entry):
+            if ep.resolver.route_now(entry, now):
                 pass  # READY now: the route came from the bulk table or the shared group
             elif targets_us or entry.op is not None:
                 if targets_us:
@@ -142,42 +145,38 @@ class PeerProtocol:
             # Nothing usable was learned: do not keep an empty entry around.
             self.ep.cache.remove(entry.key)
 
-    def record_address(self, entry: DestEntry, received: ReceivedMad, group: McGroup) -> None:
+    def record_address(
+        self, entry: DestEntry, received: ReceivedMad, group: McGroup, now: float
+    ) -> None:
         """What a request or response tells about its sender (mad-protocol.md §6.4)."""
         ep = self.ep
         assert group.av is not None and group.path is not None  # joined groups have both
-        peer_gid = received.sgid
-        av = group.av
-        # Built directly: dataclasses.replace is slow, and every request received runs this.
-        entry.av = AddressVector(
-            received.slid,
-            peer_gid,
-            av.sl,
-            received.dlid_path_bits,
-            av.static_rate,
-            av.sgid_index,
-            av.flow_label,
-            av.hop_limit,
-            av.traffic_class,
-        )
+        # The address vector is built when a response needs it (AcmpEndpoint.peer_av).
+        entry.av = None
+        entry.route_av = False
+        entry.peer_path_bits = received.dlid_path_bits
         entry.mgid = group.mgid
-        entry.query = address_query(group.path.sgid, peer_gid, group.path.tclass, group.path.pkey)
+        # The SA query is made of these two when it is needed (DestEntry.route_query).
+        entry.query = None
+        entry.learned_from = group.path
+        entry.peer_gid = received.sgid
         entry.remote_qpn = received.src_qp
         entry.peer_lid = received.slid
         entry.path = None
         entry.preloaded = False
         entry.state = EntryState.ADDR_RESOLVED
-        ep.cache.set_addr_timeout(entry, trio.current_time(), ep.options.addr_lifetime)
+        ep.cache.set_addr_timeout(entry, now, ep.addr_lifetime)
         entry.poke()
 
     def send_response(self, entry: DestEntry, tid: int, status: int) -> None:
         """Answer a peer's request for our address (mad-protocol.md §6.3)."""
         ep = self.ep
-        if entry.av is None or not entry.remote_qpn:
+        av = ep.peer_av(entry)
+        if av is None or not entry.remote_qpn:
             ep.stats.responses_dropped += 1
             return
         mad = acm_response(tid, entry.mgid, status).encode()
-        ep.queue_response(mad, entry.av, entry.remote_qpn)
+        ep.queue_response(mad, av, entry.remote_qpn)
 
     # -- requester side -------------------------------------------------------------------
 
@@ -202,7 +201,7 @@ class PeerProtocol:
         if group is None:
             pending.complete(AcmStatus.ENODATA)
             return
-        self.record_address(entry, received, group)
+        self.record_address(entry, received, group, trio.current_time())
         pending.complete(AcmStatus.SUCCESS)
 
     @staticmethod

@@ -41,7 +41,7 @@ from ibacm.acmp.cache import (
     lid_key,
 )
 from ibacm.acmp.groups import joined_mgids
-from ibacm.acmp.routes import av_from_path, path_from_group, path_query, sa_phase_budget
+from ibacm.acmp.routes import path_from_group, path_query, sa_phase_budget
 from ibacm.config.options import RouteProt
 from ibacm.fabric.api import MULTICAST_QPN, FabricError
 from ibacm.log import get_logger
@@ -118,7 +118,7 @@ class Resolver:
         if op is None:
             if entry.state is EntryState.ADDR_RESOLVED:
                 counters.both(Counter.ADDR_CACHE)
-                if self.route_now(entry):
+                if self.route_now(entry, trio.current_time()):
                     return AcmStatus.SUCCESS, entry.path
             op = self._start(entry, source)
         return await self._park(op, nodelay)
@@ -168,7 +168,7 @@ class Resolver:
             return AcmStatus.SUCCESS, entry.path
         op = entry.op
         if op is None:
-            if entry.state is EntryState.INIT or entry.query is None:
+            if entry.state is EntryState.INIT or entry.route_dest() is None:
                 port = ep.port
                 entry.query = path_query(request, ep.pkey, port.lid, port.gid)
                 entry.state = EntryState.ADDR_RESOLVED
@@ -318,39 +318,46 @@ class Resolver:
 
     # -- route phase ----------------------------------------------------------------------
 
-    def route_from_group(self, entry: DestEntry) -> bool:
+    def route_from_group(self, entry: DestEntry, now: float) -> bool:
         """route_prot acm: make the entry READY from the group both sides share (§12.1)."""
         group = self.ep.joined.get(entry.mgid)
-        if group is None or group.path is None or entry.query is None or entry.av is None:
+        dest = entry.route_dest()
+        if group is None or group.path is None or dest is None:
             return False
-        path = path_from_group(group.path, entry.query.dgid, entry.peer_lid)
-        self._make_ready(entry, path, keep_av=True)
+        if entry.learned_from is None and entry.av is None:
+            return False  # no address vector to the peer either (a hosts-file entry)
+        self._make_ready(entry, path_from_group(group.path, dest[0], entry.peer_lid), True, now)
         return True
 
-    def route_now(self, entry: DestEntry) -> bool:
+    def route_now(self, entry: DestEntry, now: float) -> bool:
         """Make an ADDR_RESOLVED entry READY at once when its route is known here: from the
         bulk table, or (route_prot acm) from the group both sides share. Saves a task and a
         wake-up per resolution in an all-to-all job start."""
-        query = entry.query
-        if entry.state is not EntryState.ADDR_RESOLVED or query is None:
+        if entry.state is not EntryState.ADDR_RESOLVED:
             return False
-        table_path = self.ep.bulk_route(query.dgid, query.dlid)
-        if table_path is not None:
-            self._make_ready(entry, table_path, keep_av=False)
-            return True
-        return self.ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry)
+        ep = self.ep
+        if ep.bulk_by_gid:
+            dest = entry.route_dest()
+            if dest is None:
+                return False
+            table_path = ep.bulk_route(dest[0], dest[1], now)
+            if table_path is not None:
+                self._make_ready(entry, table_path, False, now)
+                return True
+        return ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
     async def _route_phase(self, entry: DestEntry) -> int:
         ep = self.ep
         entry.state = EntryState.QUERY_ROUTE
-        query = entry.query
+        query = entry.route_query()
         if query is None:
             return AcmStatus.ENODATA
-        table_path = ep.bulk_route(query.dgid, query.dlid)
+        now = trio.current_time()
+        table_path = ep.bulk_route(query.dgid, query.dlid, now)
         if table_path is not None:
-            self._make_ready(entry, table_path, keep_av=False)
+            self._make_ready(entry, table_path, False, now)
             return AcmStatus.SUCCESS
-        if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry):
+        if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
             return AcmStatus.SUCCESS
         if not any(query.sgid):
             # Hosts-file entries: our port is the source (C looked it up by the client's IP).
@@ -362,21 +369,19 @@ class Resolver:
             return outcome.status or AcmStatus.ENODATA
         if entry.state is not EntryState.QUERY_ROUTE:
             return AcmStatus.ENODATA  # the entry was dropped meanwhile (address removed)
-        self._make_ready(entry, outcome.record, keep_av=False)
+        self._make_ready(entry, outcome.record, False, trio.current_time())
         return AcmStatus.SUCCESS
 
-    def _make_ready(self, entry: DestEntry, path: PathRecord, *, keep_av: bool) -> None:
+    def _make_ready(self, entry: DestEntry, path: PathRecord, keep_av: bool, now: float) -> None:
         ep = self.ep
-        port = ep.port
         entry.path = path
-        if not keep_av or entry.av is None:
-            entry.av = av_from_path(path, port.sgid_index(path.sgid), port.lid_mask)
+        if not keep_av:
+            entry.av = None  # built from the path when a response needs it
+            entry.route_av = True
         if not entry.peer_lid:
             entry.peer_lid = path.dlid
         entry.state = EntryState.READY
-        now = trio.current_time()
         entry.ready_at = now
-        options = ep.options
-        ep.cache.set_timeouts(entry, now, options.addr_lifetime, options.route_lifetime)
+        ep.cache.set_timeouts(entry, now, ep.addr_lifetime, ep.route_lifetime)
         ep.publish_entry(entry)
         entry.poke()

@@ -211,3 +211,19 @@ def av_from_path(path: PathRecord, sgid_index: int, lid_mask: int) -> AddressVec
         hop_limit=path.hop_limit,
         traffic_class=path.tclass,
     )
+
+
+def av_to_peer(group_av: AddressVector, lid: int, gid: bytes, path_bits: int) -> AddressVector:
+    """Unicast address vector to a peer learned through a group: the group's SL, rate and
+    GRH fields, to the LID and GID the peer's MAD came from (mad-protocol.md §6.4)."""
+    return AddressVector(
+        lid,
+        gid,
+        group_av.sl,
+        path_bits,
+        group_av.static_rate,
+        group_av.sgid_index,
+        group_av.flow_label,
+        group_av.hop_limit,
+        group_av.traffic_class,
+    )

@@ -20,6 +20,7 @@ from ibacm.acmp.cache import (
     describe_key,
     lid_key,
 )
+from ibacm.wire.path_record import PathRecord
 
 
 def test_name_keys_ignore_case_and_trailing_bytes() -> None:
@@ -117,6 +118,46 @@ def test_extended_lifetimes_win_over_old_deadlines() -> None:
     cache.set_timeouts(entry, 50.0, 60.0, math.inf)
     assert cache.expire(70.0) == 0
     assert cache.expire(110.0) == 1
+
+
+def test_background_expiry_groups_deadlines_by_the_second() -> None:
+    cache = DestCache()
+    entries = [cache.acquire(_key(i)) for i in range(50)]
+    for i, entry in enumerate(entries):
+        entry.state = EntryState.READY
+        # 50 deadlines spread over 60.01 .. 60.50: one wake-up for all of them.
+        cache.set_timeouts(entry, now=(i + 1) / 100, addr_lifetime=60.0, route_lifetime=math.inf)
+    assert cache.next_deadline() == 61.0
+    assert cache.expire(60.99) == 0  # never early
+    assert cache.expire(61.0) == 50  # at most a second late
+    assert len(cache) == 0 and cache.expired == 50
+
+
+def test_lookups_expire_exactly_even_when_the_sweep_is_late() -> None:
+    cache = DestCache()
+    entry = cache.acquire(_key(1))
+    entry.state = EntryState.READY
+    cache.set_timeouts(entry, now=0.25, addr_lifetime=60.0, route_lifetime=math.inf)
+    assert entry.addr_expiry == 60.25
+    assert cache.next_deadline() == 61.0
+
+
+def test_a_peer_learned_through_acm_has_its_route_query_built_on_demand() -> None:
+    cache = DestCache()
+    entry = cache.acquire(_key(1))
+    assert entry.route_dest() is None and entry.route_query() is None
+    group_record = PathRecord(sgid=b"S" * 16, tclass=3, pkey=0xFFFF, sl=5, mtu=4)
+    entry.learned_from = group_record
+    entry.peer_gid = b"P" * 16
+    query = entry.route_query()
+    assert query == PathRecord(sgid=b"S" * 16, dgid=b"P" * 16, tclass=3, pkey=0xFFFF)
+    assert entry.route_query() is not query  # fresh: nothing stale leaks (defect 33)
+    assert entry.route_dest() == (b"P" * 16, 0)
+    explicit = PathRecord(dgid=b"H" * 16, dlid=7)
+    entry.query = explicit  # a hosts-file or path-form template wins
+    assert entry.route_query() is explicit and entry.route_dest() == (b"H" * 16, 7)
+    entry.forget()
+    assert entry.route_query() is None and entry.av is None and not entry.route_av
 
 
 @pytest.mark.trio
