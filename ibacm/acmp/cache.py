@@ -328,7 +328,10 @@ class DestCache:
         """0 = unbounded (as C)."""
         self.listener = listener
         self._loopback: dict[CacheKey, DestEntry] = {}
-        self._entries: OrderedDict[CacheKey, DestEntry] = OrderedDict()
+        # Recency is kept only when there is a bound to enforce: an OrderedDict costs twice
+        # the memory of a dict per entry, and a reordering per lookup.
+        self._lru: OrderedDict[CacheKey, DestEntry] | None = OrderedDict() if max_entries else None
+        self._entries: dict[CacheKey, DestEntry] = self._lru if self._lru is not None else {}
         self._due: dict[float, list[DestEntry]] = {}
         """Entries to look at, by the whole second their earliest deadline falls in."""
         self._seconds: list[float] = []
@@ -354,8 +357,8 @@ class DestCache:
         if entry is not None:
             return entry
         entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
+        if entry is not None and self._lru is not None:
+            self._lru.move_to_end(key)
         return entry
 
     def acquire(self, key: CacheKey) -> DestEntry:
@@ -465,15 +468,16 @@ class DestCache:
     # -- bound ----------------------------------------------------------------------------
 
     def _enforce_bound(self, keep: CacheKey) -> None:
-        if not self.max_entries:
+        lru = self._lru
+        if lru is None:
             return
         # Busy entries met on the way move to the young end, so each is skipped only once.
         budget = len(self._entries)
         while len(self._entries) > self.max_entries and budget > 0:
             budget -= 1
-            key, entry = next(iter(self._entries.items()))
+            key, entry = next(iter(lru.items()))
             if entry.busy or key == keep:
-                self._entries.move_to_end(key)
+                lru.move_to_end(key)
                 continue
             del self._entries[key]
             self.evicted += 1

@@ -384,4 +384,5 @@ class Resolver:
         entry.ready_at = now
         ep.cache.set_timeouts(entry, now, ep.addr_lifetime, ep.route_lifetime)
         ep.publish_entry(entry)
-        entry.poke()
+        if entry.wake is not None:
+            entry.wake.complete(0)

@@ -128,7 +128,8 @@ class AcmMad:
     @classmethod
     def decode(cls, data: bytes) -> AcmMad:
         """Decode and validate exactly 256 bytes, as the C receiver does plus the gid clamp."""
-        check_exact_length("ACM MAD", data, MAD_SIZE)
+        if len(data) != MAD_SIZE:
+            check_exact_length("ACM MAD", data, MAD_SIZE)  # says which way it is wrong
         (
             base_version,
             mgmt_class,
