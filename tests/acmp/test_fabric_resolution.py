@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ibacm.acmp.cache import PendingQuery
+from ibacm.acmp.cache import PendingQuery, cache_key
 from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.config.options import Options, RouteProt
 from ibacm.provider.api import Counter
@@ -111,6 +111,43 @@ async def test_route_acm_learned_from_overheard_request_needs_no_query(
         assert c.acm_requests() == requests
         assert c["node2"].counters()[Counter.ROUTE_CACHE] == 1
         assert c.sa_path_queries() == 0
+
+
+async def test_address_vectors_to_peers_are_built_only_when_an_answer_needs_one(
+    autojump_clock: object,
+) -> None:
+    async with cluster(4, options(route_prot=RouteProt.ACM)) as c:
+        await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
+        node1 = c.world.node("node1")
+        key = cache_key(AddrType.IP, bytes(ipv4(c.world, "node1").info))
+        # node2 only overheard node1's request: it knows where node1 is, and built nothing.
+        overheard = c.endpoint("node2").cache.get(key)
+        assert overheard is not None and overheard.av is None
+        group = c.endpoint("node2").joined[overheard.mgid]
+        assert group.av is not None
+        av = c.endpoint("node2").peer_av(overheard)
+        assert av is not None and c.endpoint("node2").peer_av(overheard) is av
+        assert (av.dlid, av.dgid) == (node1.lids[0], node1.gids[0])
+        assert (av.sl, av.static_rate) == (group.av.sl, group.av.static_rate)
+        # node3 was asked: its answer went to node1 along the group's vector.
+        answered = c.endpoint("node3").cache.get(key)
+        assert answered is not None and answered.av is not None
+        assert answered.av.dlid == node1.lids[0] and not answered.route_av
+
+
+async def test_answers_after_an_sa_route_follow_the_route(autojump_clock: object) -> None:
+    async with cluster(4) as c:
+        await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
+        key = cache_key(AddrType.IP, bytes(ipv4(c.world, "node1").info))
+        entry = c.endpoint("node3").cache.get(key)
+        assert entry is not None and entry.route_av and entry.path is not None
+        av = c.endpoint("node3").peer_av(entry)
+        assert av is not None
+        assert (av.dlid, av.dgid, av.sl) == (entry.path.dlid, entry.path.dgid, entry.path.sl)
+        # The query template was never stored: it is made from the group and the peer.
+        assert entry.query is None
+        query = entry.route_query()
+        assert query is not None and query.dgid == c.world.node("node1").gids[0]
 
 
 async def test_route_acm_prefers_the_faster_shared_group(autojump_clock: object) -> None:
