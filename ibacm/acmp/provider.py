@@ -250,18 +250,11 @@ class AcmpProvider(Provider):
             status, found = await resolver.resolve_address(request.source, dest, nodelay)
         return ResolveResult(_status(status), (found,) if found is not None else ())
 
-    def resolve_now(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult | None:
+    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> PathRecord | None:
         """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
-        entries = request.entries
-        if entries[0].type == _PATH:
-            return None
-        dest = entries[request.dst_index]
-        if dest.type in _PORT_TYPES:
+        if dest_type in _PORT_TYPES:
             return None  # our own port by GID/LID is answered by ``resolve``
-        path = _address(addr_ctx).endpoint.resolver.cached(dest)
-        if path is None:
-            return None
-        return ResolveResult(AcmStatus.SUCCESS, (path,))
+        return _address(addr_ctx).endpoint.resolver.cached(dest_type, dest)
 
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
         endpoint = _address(addr_ctx).endpoint

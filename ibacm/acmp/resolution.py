@@ -123,14 +123,14 @@ class Resolver:
             op = self._start(entry, source)
         return await self._park(op, nodelay)
 
-    def cached(self, dest: EpAddr) -> PathRecord | None:
-        """The route to ``dest`` when the cache has it READY now (no waiting, no counting
-        unless found): what ``resolve_address`` would answer at once."""
+    def cached(self, dest_type: int, dest: bytes) -> PathRecord | None:
+        """The route to (``dest_type``, ``dest``) when the cache has it READY now (no
+        waiting, no counting unless found): what ``resolve_address`` would answer at once."""
         ep = self.ep
         if not ep.ready:
             return None
         try:
-            key = cache_key(dest.type, dest.info)
+            key = cache_key(dest_type, dest)
         except CacheKeyError:
             return None
         entry = ep.cache.get(key)

@@ -206,7 +206,7 @@ class Connection:
         try:
             data = self.dispatcher.answer_now(frame)
             if data is None:
-                data = self.dispatcher.resolve_now(frame, self.name)
+                data = self.dispatcher.resolve_now(frame)
         except WireError as exc:
             # Framed but not decodable (e.g. opcode 0x81 on a request): close, as for any
             # malformed request (client-protocol §8); nobody else notices.

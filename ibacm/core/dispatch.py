@@ -62,13 +62,13 @@ from ibacm.wire.client import (
     PerfScope,
     decode_ep_request,
     decode_perf_request,
-    decode_resolve_pair,
     encode_ep_reply,
     encode_one_path_reply,
     encode_perf_reply,
     encode_query_sa_reply,
     encode_resolve_reply,
     is_address_type,
+    unpack_resolve_pair,
 )
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
@@ -209,25 +209,25 @@ class Dispatcher:
         """The reply to one framed request."""
         reply = self.answer_now(frame)
         if reply is None:
-            reply = self.resolve_now(frame, client)
+            reply = self.resolve_now(frame)
         if reply is not None:
             return reply
         return await self.resolve(frame, client)
 
-    def resolve_now(self, frame: bytes, client: str) -> bytes | None:
+    def resolve_now(self, frame: bytes) -> bytes | None:
         """An admitted RESOLVE answered without waiting, or None (then ``resolve`` answers).
 
         Only the common case is taken here: address form with its SOURCE given, and the
-        provider has the answer at hand (``Provider.resolve_now``, a cache hit). Everything
+        provider has the route at hand (``Provider.cached_route``, a cache hit). Everything
         else, errors included, is left to ``resolve`` untouched, so counters and replies are
         exactly what ``resolve`` gives.
         """
-        pair = decode_resolve_pair(frame)
-        if pair is not None:
-            source, dest = pair
+        fields = unpack_resolve_pair(frame)
+        if fields is not None:
+            flags0, type0, _, info0, flags1, type1, _, info1 = fields
             # SOURCE then DEST, nothing else flagged: the plan is known without building it.
-            if source.flags == _SOURCE and dest.flags == _DEST and is_address_type(dest.type):
-                return self._answer_now(frame, pair, 0, 1, client)
+            if flags0 == _SOURCE and flags1 == _DEST and is_address_type(type1):
+                return self._answer_now(frame, type0, info0, type1, info1)
         try:
             message = AcmMessage.decode(frame)
             if message.entries[0].type == AddrType.PATH:
@@ -237,33 +237,22 @@ class Dispatcher:
             return None
         if plan.src_index is None:
             return None
-        return self._answer_now(frame, plan.entries, plan.src_index, plan.dst_index, client)
+        source, dest = plan.entries[plan.src_index], plan.entries[plan.dst_index]
+        return self._answer_now(frame, source.type, source.info, dest.type, dest.info)
 
     def _answer_now(
-        self,
-        frame: bytes,
-        entries: tuple[EpAddr, ...],
-        src_index: int,
-        dst_index: int,
-        client: str,
+        self, frame: bytes, src_type: int, src: bytes, dest_type: int, dest: bytes
     ) -> bytes | None:
-        source = entries[src_index]
-        slot = find_address(self.devices, source.type, source.info)
-        if slot is None:
+        slot = find_address(self.devices, src_type, src)
+        if slot is None or self.max_paths < 1:
             return None
         provider = slot.owner.port.provider
         if provider is None:
             return None
-        request = ResolveRequest(entries, src_index, dst_index, client)
-        result = provider.resolve_now(slot.ctx, request)
-        if result is None:
+        path = provider.cached_route(slot.ctx, dest_type, dest)
+        if path is None:
             return None
-        paths = result.paths
-        if result.status == AcmStatus.SUCCESS and len(paths) == 1 and self.max_paths >= 1:
-            return encode_one_path_reply(frame, paths[0])
-        reply = self.resolve_reply(AcmHdr.decode(frame), result, None)
-        count_reply(self.counters, result.status)
-        return reply
+        return encode_one_path_reply(frame, path)
 
     # -- RESOLVE -------------------------------------------------------------------------------
     async def resolve(self, frame: bytes, client: str) -> bytes:

@@ -230,10 +230,12 @@ class Provider(abc.ABC):
         """Address form or path form (entry 0 type PATH). Honour NODELAY on the DEST entry
         (path form: on entry 0): answer ENODATA at once on a miss and keep resolving."""
 
-    def resolve_now(self, addr_ctx: object, request: ResolveRequest) -> ResolveResult | None:
-        """Optional fast path: the answer to an address-form request when it needs no waiting
-        (a cache hit), else None and the core calls ``resolve``. When it returns None it must
-        have counted and changed nothing that ``resolve`` would not."""
+    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> PathRecord | None:
+        """Optional fast path for an address-form RESOLVE from the source ``addr_ctx``: the
+        route to (``dest_type``, ``dest``) when it is at hand with no waiting (a cache hit),
+        counted as the provider counts a hit; else None, and the core calls ``resolve``.
+        When it returns None it must have counted and changed nothing that ``resolve``
+        would not. A plain method: it runs for every RESOLVE and must not block."""
         return None
 
     @abc.abstractmethod

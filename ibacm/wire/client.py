@@ -531,17 +531,29 @@ _PAIR = struct.Struct("<IHH64sIHH64s")
 _ONE_PATH_HEAD = struct.pack("<6BH", ACM_VERSION, AcmOp.RESOLVE, 0, 0, 0, 0, HDR_LEN + EP_LEN)
 
 
-def decode_resolve_pair(frame: bytes) -> tuple[EpAddr, EpAddr] | None:
-    """The two entries of a framed two-entry RESOLVE; None for any other length.
+ResolvePair = tuple[int, int, int, bytes, int, int, int, bytes]
+"""Flags, type, reserved and info of the two entries of a two-entry RESOLVE."""
 
-    The common request decoded without the general ``AcmMessage`` machinery (framing already
-    checked version, opcode and length); the entries are those ``AcmMessage.decode`` gives.
-    """
+
+def unpack_resolve_pair(frame: bytes) -> ResolvePair | None:
+    """The fields of both entries of a framed two-entry RESOLVE; None for any other length.
+
+    The common request read without the general ``AcmMessage`` machinery (framing already
+    checked version, opcode and length), and without building an object per entry: the
+    cache-hit answer needs only the fields."""
     if len(frame) != PAIR_LENGTH:
         return None
-    flags0, type0, reserved0, info0, flags1, type1, reserved1, info1 = _PAIR.unpack_from(
-        frame, HDR_LEN
-    )
+    fields: ResolvePair = _PAIR.unpack_from(frame, HDR_LEN)
+    return fields
+
+
+def decode_resolve_pair(frame: bytes) -> tuple[EpAddr, EpAddr] | None:
+    """The two entries of a framed two-entry RESOLVE (those ``AcmMessage.decode`` gives);
+    None for any other length."""
+    fields = unpack_resolve_pair(frame)
+    if fields is None:
+        return None
+    flags0, type0, reserved0, info0, flags1, type1, reserved1, info1 = fields
     return EpAddr(flags0, type0, info0, reserved0), EpAddr(flags1, type1, info1, reserved1)
 
 

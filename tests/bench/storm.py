@@ -202,7 +202,7 @@ async def storm_point(
             while steps[index] <= released and not waiting[index]:
                 target = (index + steps[index]) % nodes_count
                 frame = sources[index] + dests[target]
-                reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame, "storm")
+                reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
                 if reply is None:
                     waiting[index] = True
                     storm.start_soon(wait_for, index, target, frame, storm)

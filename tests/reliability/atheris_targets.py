@@ -226,7 +226,7 @@ def make_dispatcher_target() -> Target:
         try:
             reply = dispatcher.answer_now(frame)
             if reply is None:
-                reply = dispatcher.resolve_now(frame, CLIENT)
+                reply = dispatcher.resolve_now(frame)
             if reply is None:
                 reply = _run_sync(dispatcher.resolve(frame, CLIENT))
         except WireError:

@@ -1,4 +1,4 @@
-"""The cache-hit fast path (``Dispatcher.resolve_now`` / ``Provider.resolve_now`` and the
+"""The cache-hit fast path (``Dispatcher.resolve_now`` / ``Provider.cached_route`` and the
 connection writing ready replies at once) is invisible to clients: the same bytes, the same
 counters, and replies still in request order when hits and misses are pipelined."""
 
@@ -10,7 +10,6 @@ import pytest
 import trio
 
 from ibacm.acmp.provider import AcmpProvider
-from ibacm.provider.api import ResolveRequest, ResolveResult
 from ibacm.wire.client import (
     AcmHdr,
     AcmMessage,
@@ -20,6 +19,7 @@ from ibacm.wire.client import (
     encode_ep_request,
     encode_perf_request,
 )
+from ibacm.wire.path_record import PathRecord
 from tests.reliability.live import Client, live_cluster, resolve_frame
 
 
@@ -47,15 +47,15 @@ async def run_sequence(tmp_path: Path, *, fast: bool) -> tuple[list[bytes], list
         node = cluster["node1"]
         provider = node.daemon.providers.get("ibacmp")
         assert isinstance(provider, AcmpProvider)
-        real = provider.resolve_now
+        real = provider.cached_route
 
-        def counted(addr_ctx: object, request: ResolveRequest) -> ResolveResult | None:
+        def counted(addr_ctx: object, dest_type: int, dest: bytes) -> PathRecord | None:
             nonlocal hits
-            result = real(addr_ctx, request) if fast else None
-            hits += result is not None
-            return result
+            path = real(addr_ctx, dest_type, dest) if fast else None
+            hits += path is not None
+            return path
 
-        provider.resolve_now = counted  # type: ignore[method-assign]
+        provider.cached_route = counted  # type: ignore[method-assign]
         client = await Client.connect(node.socket_path)
         replies = []
         for _ in range(3):
