@@ -25,10 +25,14 @@ the start-up objects out of the garbage collector and collects less often (recor
 PathRecord queries (bulk), <= 60 s wall (``wall_s``: the storm itself; the start-up's wall
 time is ``startup.wall_s``).
 
+Each bulk/acm point up to N = 1024 runs ``--rounds`` times (3); the round with the median
+wall time is reported, with every round's wall time beside it.
+
 N = 4096 (``BENCH_FULL=1``) holds all N daemons' caches in this one process: N(N-1) = 16.8 M
-entries at about 1 kB each, plus, with ``bulk``, N tables of N paths (about 0.5 kB per path):
-some 20-25 GB, more than a 24 GB machine can give. It has not been run; the figures at 256
-and 1024 show how each quantity grows (counts linear in N, entries and memory in N^2).
+entries at 430-700 bytes each plus, with ``bulk``, N tables of N paths: 11-16 GB, which a
+24 GB machine holds when nothing else big runs. ``c_baseline`` is not run above N = 1024
+(``--baseline-all`` does): N(N-1) = 16.8 M SA queries through one simulated SA take about
+1 ms of wall each, some 4-5 hours.
 """
 
 from __future__ import annotations
@@ -302,6 +306,26 @@ def run_child(
     return figures
 
 
+def run_rounds(
+    nodes_count: int, config_name: str, timeout: float, client_rtt_us: float, rounds: int
+) -> dict[str, Any]:
+    """The point ``rounds`` times, each in a fresh interpreter; the figures of the round with
+    the median storm wall time, with every round's wall times beside them (a 2-core VM's
+    speed drifts by a fifth from one minute to the next)."""
+    runs = [run_child(nodes_count, config_name, timeout, client_rtt_us) for _ in range(rounds)]
+    failed = [figures for figures in runs if "error" in figures]
+    if failed:
+        return failed[0]
+    runs.sort(key=lambda figures: figures["wall_s"])
+    median = dict(runs[len(runs) // 2])
+    median["rounds"] = {
+        "wall_s": [figures["wall_s"] for figures in runs],
+        "startup_wall_s": sorted(figures["startup"]["wall_s"] for figures in runs),
+        "peak_rss_mb": sorted(figures["peak_rss_mb"] for figures in runs),
+    }
+    return median
+
+
 def print_point(figures: dict[str, Any]) -> None:
     if "error" in figures:
         print(f"N={figures['nodes']:5} {figures['config']:10} FAILED: {figures['error']}")
@@ -314,6 +338,7 @@ def print_point(figures: dict[str, Any]) -> None:
         f"sim {figures['simulated_completion_s']}s  wall {figures['wall_s']}s "
         f"(start-up {figures['startup']['wall_s']}s)  "
         f"peak RSS {figures['peak_rss_mb']} MB  {figures['bytes_per_cache_entry']} B/entry"
+        + (f"  (median of walls {figures['rounds']['wall_s']})" if "rounds" in figures else "")
     )
 
 
@@ -346,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline-all", action="store_true", help=f"run c_baseline above N={1024} too"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help=f"runs of each bulk/acm point up to N={BASELINE_MAX}; the median wall is reported",
+    )
     parser.add_argument("--profile", metavar="FILE", help="with --one: cProfile the storm phase")
     parser.add_argument(
         "--client-rtt-us", type=float, default=CLIENT_RTT * 1e6, help="see CLIENT_RTT"
@@ -367,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                 points.append({"nodes": count, "config": config, "skipped": skipped})
                 print(f"N={count:5} {config:10} skipped: {skipped}")
                 continue
-            figures = run_child(count, config, args.timeout, args.client_rtt_us)
+            rounds = max(1, args.rounds) if config != "c_baseline" and count <= BASELINE_MAX else 1
+            figures = run_rounds(count, config, args.timeout, args.client_rtt_us, rounds)
             print_point(figures)
             points.append(figures)
     found = targets(points)
