@@ -404,9 +404,13 @@ class DestCache:
         if addr_expiry != entry.addr_expiry:
             # Equal when the address was learned just now: keep the float already scheduled.
             entry.addr_expiry = addr_expiry
-        entry.route_expiry = _deadline(now, route_lifetime)
-        self._schedule(entry, entry.addr_expiry)
-        self._schedule(entry, entry.route_expiry)
+        route_expiry = entry.route_expiry = _deadline(now, route_lifetime)
+        # A deadline no earlier than the pending wake-up waits for it (see _schedule): the
+        # common case (address just scheduled, routes never expire) costs no call.
+        if entry.addr_expiry < entry.scheduled:
+            self._schedule(entry, entry.addr_expiry)
+        if route_expiry < entry.scheduled:
+            self._schedule(entry, route_expiry)
 
     def set_addr_timeout(self, entry: DestEntry, now: float, addr_lifetime: float) -> None:
         entry.addr_expiry = _deadline(now, addr_lifetime)
