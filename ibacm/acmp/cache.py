@@ -50,6 +50,7 @@ TYPE_NAMES: dict[int, str] = {NAME: "name", IP: "ip", IP6: "ip6", GID: "gid", LI
 NO_MGID = bytes(16)
 """The MGID of an entry that knows none (shared: bytes are immutable)."""
 NO_GID = NO_MGID
+"""A peer GID not known yet (the same shared 16 zero bytes)."""
 
 CacheKey = tuple[int, bytes]
 """(address type, canonical 64-byte address)."""
