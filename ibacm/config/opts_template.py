@@ -220,7 +220,11 @@ _BLOCKS: tuple[_Block, ...] = (
     ),
     _Block(
         "recv_depth",
-        ("Receive buffers per endpoint. Too few can drop requests under load.",),
+        (
+            "Receive buffers per endpoint. A job start brings every node one request from",
+            "each other node at once: use at least the number of nodes, or part of that",
+            "burst is dropped and every peer missed is asked for again by multicast.",
+        ),
     ),
     _Block(
         "min_mtu",
