@@ -32,8 +32,9 @@ Each bulk/acm point up to N = 1024 runs ``--rounds`` times (3); the round with t
 wall time is reported, with every round's wall time beside it.
 
 N = 4096 (``BENCH_FULL=1``) holds all N daemons' caches in this one process: N(N-1) = 16.8 M
-entries at 430-700 bytes each plus, with ``bulk``, N tables of N paths: 11-16 GB, which a
-24 GB machine holds when nothing else big runs. ``c_baseline`` is not run above N = 1024
+entries at 400-700 bytes each plus, with ``bulk``, N tables of N paths: peak RSS measured
+10.5 GB (``acm``) and 13.5 GB (``bulk``), which a 24 GB machine holds when nothing else big
+runs. ``c_baseline`` is not run above N = 1024
 (``--baseline-all`` does): N(N-1) = 16.8 M SA queries through one simulated SA take about
 1 ms of wall each, some 4-5 hours.
 """
