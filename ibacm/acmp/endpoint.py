@@ -617,7 +617,7 @@ class AcmpEndpoint:
             # Entries without a query came from the route file: keep them.
             if (
                 entry.state is EntryState.READY
-                and (entry.query is not None or entry.learned_from is not None)
+                and entry.route_dest() is not None
                 and not entry.busy
             ):
                 entry.state = EntryState.ADDR_RESOLVED

@@ -166,8 +166,7 @@ class PeerProtocol:
         entry.preloaded = False
         entry.state = EntryState.ADDR_RESOLVED
         ep.cache.set_addr_timeout(entry, now, ep.addr_lifetime)
-        if entry.wake is not None:
-            entry.wake.complete(0)
+        entry.poke()
 
     def send_response(self, entry: DestEntry, tid: int, status: int) -> None:
         """Answer a peer's request for our address (mad-protocol.md §6.3)."""

@@ -49,7 +49,6 @@ from ibacm.wire.client import AcmStatus, AddrType, EpFlag
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
-_PATH = int(AddrType.PATH)
 _PORT_TYPES = frozenset((int(AddrType.GID), int(AddrType.LID)))
 
 log = get_logger("ibacm.acmp")

@@ -326,7 +326,8 @@ class Resolver:
             return False
         if entry.learned_from is None and entry.av is None:
             return False  # no address vector to the peer either (a hosts-file entry)
-        self._make_ready(entry, path_from_group(group.path, dest[0], entry.peer_lid), True, now)
+        path = path_from_group(group.path, dest[0], entry.peer_lid)
+        self._make_ready(entry, path, now, keep_av=True)
         return True
 
     def route_now(self, entry: DestEntry, now: float) -> bool:
@@ -342,7 +343,7 @@ class Resolver:
                 return False
             table_path = ep.bulk_route(dest[0], dest[1], now)
             if table_path is not None:
-                self._make_ready(entry, table_path, False, now)
+                self._make_ready(entry, table_path, now, keep_av=False)
                 return True
         return ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
@@ -355,7 +356,7 @@ class Resolver:
         now = trio.current_time()
         table_path = ep.bulk_route(query.dgid, query.dlid, now)
         if table_path is not None:
-            self._make_ready(entry, table_path, False, now)
+            self._make_ready(entry, table_path, now, keep_av=False)
             return AcmStatus.SUCCESS
         if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
             return AcmStatus.SUCCESS
@@ -369,10 +370,10 @@ class Resolver:
             return outcome.status or AcmStatus.ENODATA
         if entry.state is not EntryState.QUERY_ROUTE:
             return AcmStatus.ENODATA  # the entry was dropped meanwhile (address removed)
-        self._make_ready(entry, outcome.record, False, trio.current_time())
+        self._make_ready(entry, outcome.record, trio.current_time(), keep_av=False)
         return AcmStatus.SUCCESS
 
-    def _make_ready(self, entry: DestEntry, path: PathRecord, keep_av: bool, now: float) -> None:
+    def _make_ready(self, entry: DestEntry, path: PathRecord, now: float, *, keep_av: bool) -> None:
         ep = self.ep
         entry.path = path
         if not keep_av:
@@ -384,5 +385,4 @@ class Resolver:
         entry.ready_at = now
         ep.cache.set_timeouts(entry, now, ep.addr_lifetime, ep.route_lifetime)
         ep.publish_entry(entry)
-        if entry.wake is not None:
-            entry.wake.complete(0)
+        entry.poke()
