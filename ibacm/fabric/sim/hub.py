@@ -279,6 +279,10 @@ class _Session:
             raise FabricError(f"no QP with handle {request['handle']}")
         return sink.qp
 
+    def _op_rebind_qp(self, request: dict[str, Any]) -> Any:
+        port = self._port(int(request["device"]), int(request["port"]))
+        self.world.rebind_qp(self._qp(request), port, int(request["pkey_index"]), int(request["qkey"]))
+
     def _op_close_qp(self, request: dict[str, Any]) -> Any:
         qp = self._qp(request)
         self.world.destroy_qp(qp)
@@ -366,7 +370,7 @@ class _Session:
         self.hub.sessions.discard(self)
 
 
-_NODE_OPS = frozenset({"query", "addresses", "open_ud", "close_qp", "attach", "detach"})
+_NODE_OPS = frozenset({"rebind_qp", "query", "addresses", "open_ud", "close_qp", "attach", "detach"})
 
 
 async def _unix_listener(path: str) -> trio.SocketListener:

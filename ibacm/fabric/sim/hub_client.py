@@ -244,6 +244,19 @@ class HubUdQp(UdQp):
             {"op": "detach", "handle": self.handle, "mgid": bytes(mgid).hex(), "mlid": mlid}
         )
 
+    async def rebind(self, port_num: int, pkey_index: int, qkey: int) -> None:
+        """Move the QP to another port of its device, P_Key index and Q_Key (verbs INIT)."""
+        await self._link.call(
+            {
+                "op": "rebind_qp",
+                "handle": self.handle,
+                "device": self._port.device.index,
+                "port": port_num,
+                "pkey_index": pkey_index,
+                "qkey": qkey,
+            }
+        )
+
     def close_local(self) -> None:
         self._closed = True
         self._queue.clear()

@@ -516,6 +516,28 @@ class SimWorld:
         port.qps[qp.qpn] = qp
         return qp
 
+    def rebind_qp(self, qp: WorldQp, port: PortRuntime, pkey_index: int, qkey: int) -> None:
+        """A verbs QP's RESET->INIT: it gets its port, P_Key index and Q_Key, keeping its QPN.
+
+        Verbs hands out the QPN at creation, before the port is known (QPNs are per device, so
+        a move between ports of one device cannot collide)."""
+        if qp.closed:
+            raise FabricError("modify of a destroyed QP")
+        if port.device is not qp.port.device:
+            raise FabricError(f"QP {qp.qpn:#x} cannot move to another device")
+        if qp.attachments:
+            raise FabricError(f"QP {qp.qpn:#x} is attached to multicast groups")
+        if not 0 <= pkey_index < len(port.pkeys):
+            raise FabricError(
+                f"{port.name}: P_Key index {pkey_index} outside the {len(port.pkeys)}-entry table"
+            )
+        if not 0 <= qkey <= 0xFFFFFFFF:
+            raise FabricError(f"Q_Key {qkey:#x} does not fit 32 bits")
+        qp.port.qps.pop(qp.qpn, None)
+        qp.port, qp.pkey_index, qp.qkey = port, pkey_index, qkey
+        qp.__post_init__()
+        port.qps[qp.qpn] = qp
+
     def destroy_qp(self, qp: WorldQp) -> None:
         if qp.closed:
             return
