@@ -462,7 +462,8 @@ class EmulatedDevice:
             )
         except SaTimeout:
             status = errno.ETIMEDOUT
-        except FabricError:
+        except FabricError as exc:
+            log.warning("SA request not sent", error=str(exc))
             status = errno.EIO
         reply = ep.UmadHeader(
             header.agent_id, status, 0, 0, 0, 1, header.qkey, header.lid, header.sl, 0, 0, 0,

@@ -1245,3 +1245,27 @@ EXPORT int umad_recv(int portid, void *umad, int *length, int timeout_ms)
 	*length = (int)(n - (ssize_t)sizeof(*mad));
 	return (int)mad->agent_id;
 }
+
+/* A real kernel switches libibumad to the umad ABI with P_Key indexes when a port is opened
+ * (IB_USER_MAD_ENABLE_PKEY); the emulated ports always speak it, so the layout helpers must
+ * agree with it from the start: a 64-byte header, the MAD right after it. */
+EXPORT size_t umad_size(void)
+{
+	return sizeof(struct ib_user_mad);
+}
+
+EXPORT void *umad_get_mad(void *umad)
+{
+	return ((struct ib_user_mad *)umad)->data;
+}
+
+EXPORT int umad_set_pkey(void *umad, int pkey_index)
+{
+	((struct ib_user_mad *)umad)->addr.pkey_index = (uint16_t)pkey_index;
+	return 0;
+}
+
+EXPORT int umad_get_pkey(void *umad)
+{
+	return ((struct ib_user_mad *)umad)->addr.pkey_index;
+}

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ibacm.fabric.api import FabricError, PortState
+from ibacm.fabric.hw.cdll import load_interposable
 
 LIBRARY = "libibumad.so.3"
 CA_NAME_LEN = 20
@@ -209,7 +210,7 @@ class LibUmad:
 
     def __init__(self, library: str = LIBRARY) -> None:
         try:
-            self._lib = ctypes.CDLL(library, use_errno=True)
+            self._lib = load_interposable(library)
         except OSError as exc:
             hint = "install libibumad3 (rdma-core)"
             raise UmadError(f"cannot load {library} ({exc}): {hint}") from exc

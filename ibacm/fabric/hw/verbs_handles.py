@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ibacm.fabric.api import FabricError
+from ibacm.fabric.hw.cdll import load_interposable
 
 LIBRARY = "libibverbs.so.1"
 IBV_QPT_UD = 4
@@ -142,7 +143,8 @@ def _require_event_fd(fd: int) -> None:
         target = os.readlink(f"/proc/self/fd/{fd}")
     except OSError as exc:
         raise VerbsHandleError(f"completion channel fd {fd} is not open ({exc})") from exc
-    if "infinibandevent" not in target:
+    # A kernel event channel, or the emulated HCA's connection (ibacm.fabric.emu).
+    if "infinibandevent" not in target and not target.startswith("socket:"):
         raise VerbsHandleError(f"fd {fd} is {target}, not a verbs event channel")
 
 
@@ -151,7 +153,7 @@ class LibVerbs:
 
     def __init__(self, library: str = LIBRARY) -> None:
         try:
-            lib = ctypes.CDLL(library, use_errno=True)
+            lib = load_interposable(library)
         except OSError as exc:
             raise VerbsHandleError(f"cannot load {library} ({exc})") from exc
         void_p = ctypes.c_void_p
