@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  pkgs="ibacm tmux ibsim-utils opensm infiniband-diags libibumad-dev python3-pyverbs tshark librdmacm-dev rdma-core debhelper dpkg-dev logrotate rpm man-db groff-base iproute2 systemd gcc"
+  pkgs="ibacm libibverbs-dev tmux ibsim-utils opensm infiniband-diags libibumad-dev python3-pyverbs tshark librdmacm-dev rdma-core debhelper dpkg-dev logrotate rpm man-db groff-base iproute2 systemd gcc"
   missing=""
   for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
   if [ -n "$missing" ]; then
@@ -26,4 +26,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".[dev,metrics]"
   touch "$stamp"
+fi
+
+# The emulated HCA library (C, built with the system compiler) that lets rdma-core's C ibacm and
+# the real pyverbs run as nodes of the simulated fabric (ibacm-sim up --c-ibacm/--hw).
+if ! .venv/bin/python -m ibacm.fabric.emu.build >/dev/null; then
+  echo "setup: the emulated HCA library could not be built; --c-ibacm/--hw nodes are unavailable" >&2
 fi

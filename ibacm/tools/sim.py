@@ -44,6 +44,8 @@ from ibacm.fabric.sim.faults import Faults, FaultSettingError
 from ibacm.fabric.sim.hub import hub_call
 from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
+from ibacm.tools import sim_kinds
+from ibacm.tools.sim_kinds import KindError, NodeKind
 
 CLIENT_SOCKET = "ibacm-unix.sock"
 ADMIN_SOCKET = "ibacm-admin.sock"
@@ -301,6 +303,46 @@ def addr_text(topology: Topology, node: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_node_files(
+    layout: Layout,
+    topology: Topology,
+    node: str,
+    kind: NodeKind,
+    args: argparse.Namespace,
+    extra: str,
+) -> None:
+    node_dir = layout.node_dir(node)
+    if kind is NodeKind.C:
+        opts = sim_kinds.c_opts_text(
+            node_dir, log_level=args.log_level, route_prot=args.route_prot, extra=extra
+        )
+    elif kind is NodeKind.HW:
+        opts = opts_text(layout, node, args, extra) + "support_ips_in_addr_cfg 1\n"
+    else:
+        opts = opts_text(layout, node, args, extra)
+    (node_dir / OPTS_FILE).write_text(opts)
+    if kind.emulated:
+        (node_dir / ADDR_FILE).write_text(sim_kinds.addr_text_with_ips(topology, node))
+    else:
+        (node_dir / ADDR_FILE).write_text(addr_text(topology, node))
+
+
+def _node_command(
+    layout: Layout, node: str, kind: NodeKind, daemon_cmd: list[str]
+) -> tuple[list[str], str]:
+    """The command that starts ``node``'s daemon, and what its command line shows (marker)."""
+    node_dir = layout.node_dir(node)
+    opts, addr = node_dir / OPTS_FILE, node_dir / ADDR_FILE
+    if kind is NodeKind.SIM:
+        command = [*daemon_cmd, "-P", "--fabric", "sim", "--sim-hub", str(layout.hub_socket)]
+        command += ["--sim-node", node, "-O", str(opts), "-A", str(addr)]
+        return command, _node_marker(node)
+    marker = sim_kinds.daemon_marker(node_dir, OPTS_FILE)
+    if kind is NodeKind.HW:
+        return [*daemon_cmd, "-P", "--fabric", "hw", "-O", str(opts), "-A", str(addr)], marker
+    return sim_kinds.c_command(node_dir, opts, addr), marker
+
+
 def _check_paths(layout: Layout, nodes: Sequence[str]) -> None:
     longest = max(
         [layout.hub_socket, *(layout.admin_socket(n) for n in nodes)], key=lambda p: len(str(p))
@@ -374,18 +416,29 @@ async def _up(args: argparse.Namespace) -> int:
     if not daemon_cmd:
         raise SimToolError("--daemon-cmd is empty")
     nodes = topology.host_names
+    try:
+        kinds = sim_kinds.parse_kinds(nodes, args.c_ibacm, args.hw)
+        library = sim_kinds.check_support(kinds)
+    except KindError as exc:
+        raise SimToolError(str(exc)) from exc
     layout.root.mkdir(parents=True, exist_ok=True)
     _check_paths(layout, nodes)
     layout.topology.write_text(topology.to_json())
     for node in nodes:
         node_dir = layout.node_dir(node)
         node_dir.mkdir(exist_ok=True)
-        (node_dir / OPTS_FILE).write_text(opts_text(layout, node, args, extra))
-        (node_dir / ADDR_FILE).write_text(addr_text(topology, node))
+        _write_node_files(layout, topology, node, kinds[node], args, extra)
     listener = ReadyListener()
     await listener.bind()
     env = dict(os.environ, NOTIFY_SOCKET=listener.name, PYTHONUNBUFFERED="1")
-    pids: dict[str, Any] = {"hub": None, "nodes": {}, "daemon_cmd": daemon_cmd}
+    pids: dict[str, Any] = {
+        "hub": None,
+        "nodes": {},
+        "daemon_cmd": daemon_cmd,
+        "kinds": {node: kind.value for node, kind in kinds.items()},
+        "markers": {},
+        "devices": {},
+    }
     timeout = args.timeout if args.timeout is not None else 60 + 0.5 * len(nodes)
     try:
         hub_cmd = [
@@ -408,27 +461,30 @@ async def _up(args: argparse.Namespace) -> int:
         pids["hub"] = hub.pid
         _write_pids(layout, pids)
         await _await_ready(listener, {"hub": hub}, {"hub": [layout.hub_log]}, timeout)
+        emulated = [node for node in nodes if kinds[node].emulated]
+        if emulated:
+            devices = {}
+            for node in emulated:
+                node_dir = layout.node_dir(node)
+                command = sim_kinds.device_command(layout.hub_socket, node, node_dir)
+                devices[node] = _spawn(command, node_dir / sim_kinds.EMU_LOG, env)
+                pids["devices"][node] = devices[node].pid
+            _write_pids(layout, pids)
+            device_logs = {n: [layout.node_dir(n) / sim_kinds.EMU_LOG] for n in emulated}
+            await _await_ready(listener, devices, device_logs, timeout)
         procs: dict[str, subprocess.Popen[bytes]] = {}
         logs: dict[str, list[Path]] = {}
         for node in nodes:
             node_dir = layout.node_dir(node)
-            command = [
-                *daemon_cmd,
-                "-P",
-                "--fabric",
-                "sim",
-                "--sim-hub",
-                str(layout.hub_socket),
-                "--sim-node",
-                node,
-                "-O",
-                str(node_dir / OPTS_FILE),
-                "-A",
-                str(node_dir / ADDR_FILE),
-            ]
-            procs[node] = _spawn(command, node_dir / "ibacm.out", env)
+            command, marker = _node_command(layout, node, kinds[node], daemon_cmd)
+            node_env = env
+            if kinds[node].emulated:
+                assert library is not None
+                node_env = sim_kinds.emulated_env(env, library, node_dir)
+            procs[node] = _spawn(command, node_dir / "ibacm.out", node_env)
             logs[node] = [node_dir / LOG_FILE, node_dir / "ibacm.out"]
             pids["nodes"][node] = procs[node].pid
+            pids["markers"][node] = marker
         _write_pids(layout, pids)
         await _await_ready(listener, procs, logs, timeout)
     except BaseException:
@@ -483,6 +539,8 @@ def status_report(layout: Layout) -> dict[str, Any]:
         "nodes": [],
     }
     node_pids = pids.get("nodes", {})
+    kinds = sim_kinds.kinds_of(pids)
+    markers = pids.get("markers", {})
     for host in topology.hosts:
         ports = [(hca, p) for hca in host.hcas for p in hca.ports if p.lid]
         first = ports[0][1] if ports else None
@@ -498,8 +556,13 @@ def status_report(layout: Layout) -> dict[str, Any]:
                 "socket": str(layout.client_socket(host.name)),
                 "admin_socket": str(layout.admin_socket(host.name)),
                 "log": str(layout.node_dir(host.name) / LOG_FILE),
+                "kind": kinds.get(host.name, NodeKind.SIM.value),
                 "pid": pid,
-                "state": _state(pid, _node_marker(host.name), layout.client_socket(host.name)),
+                "state": _state(
+                    pid,
+                    markers.get(host.name, _node_marker(host.name)),
+                    layout.client_socket(host.name),
+                ),
             }
         )
     return report
@@ -512,12 +575,13 @@ def _gid_text(topology: Topology, guid: int) -> str:
 def _print_status(report: dict[str, Any]) -> None:
     hub = report["hub"]
     print(f"hub  pid {hub['pid'] or '-'}  {hub['state']}  {hub['socket']}")
-    header = ("NODE", "LID", "GID", "IPV4", "IPV6", "PID", "STATE", "SOCKET", "ADMIN")
+    header = ("NODE", "KIND", "LID", "GID", "IPV4", "IPV6", "PID", "STATE", "SOCKET", "ADMIN")
     rows = [header]
     for node in report["nodes"]:
         rows.append(
             (
                 node["name"],
+                node.get("kind", "sim"),
                 str(node["lid"]),
                 node["gid"],
                 ",".join(node["ipv4"]) or "-",
@@ -548,8 +612,19 @@ def _status(args: argparse.Namespace) -> int:
 
 def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
     pids = _read_pids(layout)
-    nodes = {int(pid): _node_marker(name) for name, pid in pids.get("nodes", {}).items() if pid}
+    markers = pids.get("markers", {})
+    nodes = {
+        int(pid): markers.get(name, _node_marker(name))
+        for name, pid in pids.get("nodes", {}).items()
+        if pid
+    }
     killed = _stop(nodes, time.monotonic() + grace)
+    devices = {
+        int(pid): sim_kinds.device_marker(name)
+        for name, pid in pids.get("devices", {}).items()
+        if pid
+    }
+    killed += _stop(devices, time.monotonic() + grace)
     hub_pid = pids.get("hub")
     if hub_pid:
         killed += _stop({int(hub_pid): _HUB_MARKER}, time.monotonic() + grace)
@@ -668,6 +743,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=default_daemon_cmd(),
         help="daemon command (default: this installation's ibacm, never another one on PATH "
         "such as rdma-core's C daemon); ibacm-sim appends the node flags",
+    )
+    up.add_argument(
+        "--c-ibacm",
+        metavar="LIST",
+        help="comma-separated nodes that run rdma-core's unmodified C ibacm on an emulated HCA",
+    )
+    up.add_argument(
+        "--hw",
+        metavar="LIST",
+        help="comma-separated nodes that run this ibacm with --fabric hw (the real pyverbs) "
+        "on an emulated HCA",
     )
     up.add_argument("--timeout", type=float, help="seconds to wait for READY=1 (default 60+N/2)")
     up.add_argument("--seed", type=int, default=0)

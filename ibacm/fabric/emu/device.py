@@ -32,6 +32,7 @@ from pathlib import Path
 
 import trio
 
+from ibacm.core.systemd import Notifier
 from ibacm.fabric.api import (
     MAD_SIZE,
     FabricError,
@@ -41,7 +42,6 @@ from ibacm.fabric.api import (
     SaTimeout,
 )
 from ibacm.fabric.emu import protocol as ep
-from ibacm.core.systemd import Notifier
 from ibacm.fabric.emu.protocol import Op
 from ibacm.fabric.sim.hub_client import HubDevice, HubFabric, HubPort, HubUdQp
 from ibacm.log import get_logger
@@ -286,37 +286,17 @@ class EmulatedDevice:
     async def _stream(self, conn: trio.socket.SocketType, req: ep.Request) -> None:
         out = _Outbox(conn)
         op = Op(req.op)
-        cleanup = None
         try:
-            if op is Op.ASYNC:
-                streams = self.async_streams[self.contexts[req.a]]
-                streams.append(out)
-                cleanup = lambda: streams.remove(out)  # noqa: E731
-                reply = ep.encode_reply()
-            elif op is Op.CHANNEL:
-                self.contexts[req.a]  # noqa: B018 - must name an open context
-                channel = self.new_id()
-                self.channels[channel] = out
-                cleanup = lambda: self.channels.pop(channel, None)  # noqa: E731
-                reply = ep.encode_reply(0, channel)
-            elif op is Op.CQ_DATA:
-                self.cqs[req.a].out = out
-                reply = ep.encode_reply()
-            else:
-                port = self.devices[req.dev].ports[req.a]
-                umad = _UmadPort(self.new_id(), port, out)
-                self.umads[umad.id] = umad
-                cleanup = lambda: self.umads.pop(umad.id, None)  # noqa: E731
-                reply = ep.encode_reply(0, umad.id)
+            stream_id = self._open_stream(op, req, out)
         except (KeyError, IndexError):
             await conn.send(ep.encode_reply(-errno.EINVAL))
             return
         try:
-            await conn.send(reply)
+            await conn.send(ep.encode_reply(0, stream_id))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(out.run)
                 if op is Op.UMAD_OPEN:
-                    await self._umad_reader(conn, self.umads[ep.decode_reply(reply)[1]], nursery)
+                    await self._umad_reader(conn, self.umads[stream_id], nursery)
                 else:
                     await _until_closed(conn)
                 out.close()
@@ -324,8 +304,35 @@ class EmulatedDevice:
             pass
         finally:
             out.close()
-            if cleanup is not None:
-                cleanup()
+            self._close_stream(op, req, out, stream_id)
+
+    def _open_stream(self, op: Op, req: ep.Request, out: _Outbox) -> int:
+        """Registers a stream connection where the device writes its records; its id."""
+        if op is Op.ASYNC:
+            self.async_streams[self.contexts[req.a]].append(out)
+            return 0
+        if op is Op.CHANNEL:
+            self.contexts[req.a]
+            channel = self.new_id()
+            self.channels[channel] = out
+            return channel
+        if op is Op.CQ_DATA:
+            self.cqs[req.a].out = out
+            return 0
+        umad = _UmadPort(self.new_id(), self.devices[req.dev].ports[req.a], out)
+        self.umads[umad.id] = umad
+        return umad.id
+
+    def _close_stream(self, op: Op, req: ep.Request, out: _Outbox, stream_id: int) -> None:
+        """The program closed a stream (or exited): what it registered goes with it."""
+        if op is Op.ASYNC:
+            streams = self.async_streams.get(self.contexts.get(req.a, -1), [])
+            if out in streams:
+                streams.remove(out)
+        elif op is Op.CHANNEL:
+            self.channels.pop(stream_id, None)
+        elif op is Op.UMAD_OPEN:
+            self.umads.pop(stream_id, None)
 
     # -- QPs ---------------------------------------------------------------------------------
     async def _create_qp(self, req: ep.Request) -> bytes:
@@ -350,7 +357,10 @@ class EmulatedDevice:
             if not mask & ep.IBV_QP_PORT or port_num not in qp.device.ports:
                 return ep.encode_reply(-errno.EINVAL)
             await qp.hub.rebind(port_num, pkey_index, qkey)
-        elif mask & (ep.IBV_QP_PKEY_INDEX | ep.IBV_QP_PORT | ep.IBV_QP_QKEY) and qp.state != ep.QPS_RESET:
+        elif (
+            mask & (ep.IBV_QP_PKEY_INDEX | ep.IBV_QP_PORT | ep.IBV_QP_QKEY)
+            and qp.state != ep.QPS_RESET
+        ):
             return ep.encode_reply(-errno.EOPNOTSUPP)  # moving a live UD QP is not emulated
         if mask & ep.IBV_QP_STATE:
             qp.state = state
@@ -478,7 +488,13 @@ async def _until_closed(conn: trio.socket.SocketType) -> None:
         pass
 
 
-async def run_device(hub: Path, node: str, path: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+async def run_device(
+    hub: Path,
+    node: str,
+    path: Path,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     fabric = HubFabric(hub, node)
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with listener:

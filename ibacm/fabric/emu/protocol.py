@@ -100,12 +100,15 @@ def decode_request(message: bytes) -> Request:
     return Request(op, dev, a, b, c, d, bytes(message[REQ.size :]))
 
 
-def encode_request(op: int, dev: int = 0, a: int = 0, b: int = 0, c: int = 0, d: int = 0,
-                   payload: bytes = b"") -> bytes:
+def encode_request(
+    op: int, dev: int = 0, a: int = 0, b: int = 0, c: int = 0, d: int = 0, payload: bytes = b""
+) -> bytes:
     return REQ.pack(op, dev, a, b, c, d) + payload
 
 
-def encode_reply(status: int = 0, a: int = 0, b: int = 0, c: int = 0, payload: bytes = b"") -> bytes:
+def encode_reply(
+    status: int = 0, a: int = 0, b: int = 0, c: int = 0, payload: bytes = b""
+) -> bytes:
     return REP.pack(status, a, b, c) + payload
 
 
@@ -118,8 +121,16 @@ def decode_reply(message: bytes) -> tuple[int, int, int, int, bytes]:
 
 def encode_device_info(name: str, node_guid: int, ports: int) -> bytes:
     guid = node_guid.to_bytes(8, "big")
-    return DEV_INFO.pack(name.encode()[: NAME_LEN - 1], b"1.0.0 (ibacm emulated)", guid, guid,
-                         ports, 0x02C9, 0x1003, 1)
+    return DEV_INFO.pack(
+        name.encode()[: NAME_LEN - 1],
+        b"1.0.0 (ibacm emulated)",
+        guid,
+        guid,
+        ports,
+        0x02C9,
+        0x1003,
+        1,
+    )
 
 
 def rate_gbps(width: int, speed: int) -> int:
@@ -163,8 +174,9 @@ class PostSend:
 def decode_post_send(payload: bytes) -> PostSend:
     if len(payload) < SEND.size:
         raise EmuProtocolError(f"POST_SEND payload of {len(payload)} bytes")
-    (wr_id, dlid, sl, bits, rate, is_global, flow, sgid_index, hop, tclass, length,
-     dgid) = SEND.unpack_from(payload)
+    (wr_id, dlid, sl, bits, rate, is_global, flow, sgid_index, hop, tclass, length, dgid) = (
+        SEND.unpack_from(payload)
+    )
     data = payload[SEND.size :]
     if len(data) != length:
         raise EmuProtocolError(f"POST_SEND says {length} bytes and carries {len(data)}")
@@ -175,11 +187,28 @@ def decode_post_send(payload: bytes) -> PostSend:
 
 
 def encode_post_send(wr_id: int, av: AddressVector, data: bytes) -> bytes:
-    return SEND.pack(wr_id, av.dlid, av.sl, av.src_path_bits, av.static_rate, 1, av.flow_label,
-                     av.sgid_index, av.hop_limit, av.traffic_class, len(data), av.dgid) + data
+    return (
+        SEND.pack(
+            wr_id,
+            av.dlid,
+            av.sl,
+            av.src_path_bits,
+            av.static_rate,
+            1,
+            av.flow_label,
+            av.sgid_index,
+            av.hop_limit,
+            av.traffic_class,
+            len(data),
+            av.dgid,
+        )
+        + data
+    )
 
 
-def grh(tclass: int, flow: int, hop_limit: int, sgid: bytes, dgid: bytes, payload_len: int) -> bytes:
+def grh(
+    tclass: int, flow: int, hop_limit: int, sgid: bytes, dgid: bytes, payload_len: int
+) -> bytes:
     """The 40-byte GRH an HCA writes in front of a UD receive (IBA 8.3)."""
     word0 = (6 << 28) | ((tclass & 0xFF) << 20) | (flow & 0xFFFFF)
     # PayLen counts BTH (12) + DETH (8) + payload + ICRC (4); next header 0x1B (IBA transport).
@@ -191,11 +220,32 @@ def encode_send_completion(qp_id: int, wr_id: int, status: int) -> bytes:
 
 
 def encode_recv_completion(
-    qp_id: int, *, src_qp: int, slid: int, path_bits: int, pkey_index: int, grh_bytes: bytes | None,
+    qp_id: int,
+    *,
+    src_qp: int,
+    slid: int,
+    path_bits: int,
+    pkey_index: int,
+    grh_bytes: bytes | None,
     payload: bytes,
 ) -> bytes:
-    return WC.pack(0, 1, qp_id, WC_SUCCESS, len(payload), src_qp, slid, 0, path_bits,
-                   pkey_index, grh_bytes is not None, grh_bytes or bytes(40)) + payload
+    return (
+        WC.pack(
+            0,
+            1,
+            qp_id,
+            WC_SUCCESS,
+            len(payload),
+            src_qp,
+            slid,
+            0,
+            path_bits,
+            pkey_index,
+            grh_bytes is not None,
+            grh_bytes or bytes(40),
+        )
+        + payload
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +265,24 @@ class Completion:
 def decode_completion(message: bytes) -> Completion:
     if len(message) < WC.size:
         raise EmuProtocolError(f"completion of {len(message)} bytes")
-    (wr_id, kind, qp_id, status, byte_len, src_qp, slid, _sl, _bits, pkey_index, grh_present,
-     grh_bytes) = WC.unpack_from(message)
+    (
+        wr_id,
+        kind,
+        qp_id,
+        status,
+        byte_len,
+        src_qp,
+        slid,
+        _sl,
+        _bits,
+        pkey_index,
+        grh_present,
+        grh_bytes,
+    ) = WC.unpack_from(message)
     payload = bytes(message[WC.size : WC.size + byte_len])
-    return Completion(kind, qp_id, wr_id, status, src_qp, slid, pkey_index, bool(grh_present),
-                      grh_bytes, payload)
+    return Completion(
+        kind, qp_id, wr_id, status, src_qp, slid, pkey_index, bool(grh_present), grh_bytes, payload
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,10 +309,16 @@ class UmadHeader:
 def decode_umad(message: bytes) -> tuple[UmadHeader, bytes]:
     if len(message) < UMAD_SIZE:
         raise EmuProtocolError(f"umad message of {len(message)} bytes, shorter than its header")
-    head = UMAD_HEAD.unpack_from(message)
-    addr = UMAD_ADDR.unpack_from(message, UMAD_HEAD.size)
+    agent, status, timeout_ms, retries, length = UMAD_HEAD.unpack_from(message)
+    qpn, qkey, lid, sl, bits, grh_present, gid_index, hop, tclass, gid, flow = (
+        UMAD_ADDR.unpack_from(message, UMAD_HEAD.size)
+    )
     (pkey_index,) = UMAD_TAIL.unpack_from(message, UMAD_HEAD.size + UMAD_ADDR.size)
-    return UmadHeader(*head, *addr, pkey_index), bytes(message[UMAD_SIZE:])
+    header = UmadHeader(
+        agent, status, timeout_ms, retries, length, qpn, qkey, lid, sl, bits, grh_present,
+        gid_index, hop, tclass, gid, flow, pkey_index,
+    )  # fmt: skip
+    return header, bytes(message[UMAD_SIZE:])
 
 
 def encode_umad(header: UmadHeader, mad: bytes) -> bytes:
@@ -257,8 +326,19 @@ def encode_umad(header: UmadHeader, mad: bytes) -> bytes:
     h = header
     return (
         UMAD_HEAD.pack(h.agent_id, h.status, h.timeout_ms, h.retries, UMAD_SIZE + len(mad))
-        + UMAD_ADDR.pack(h.qpn, h.qkey, h.lid, h.sl, h.path_bits, h.grh_present, h.gid_index,
-                         h.hop_limit, h.traffic_class, h.gid, h.flow_label)
+        + UMAD_ADDR.pack(
+            h.qpn,
+            h.qkey,
+            h.lid,
+            h.sl,
+            h.path_bits,
+            h.grh_present,
+            h.gid_index,
+            h.hop_limit,
+            h.traffic_class,
+            h.gid,
+            h.flow_label,
+        )
         + UMAD_TAIL.pack(h.pkey_index)
         + mad
     )

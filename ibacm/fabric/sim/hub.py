@@ -281,7 +281,8 @@ class _Session:
 
     def _op_rebind_qp(self, request: dict[str, Any]) -> Any:
         port = self._port(int(request["device"]), int(request["port"]))
-        self.world.rebind_qp(self._qp(request), port, int(request["pkey_index"]), int(request["qkey"]))
+        pkey_index, qkey = int(request["pkey_index"]), int(request["qkey"])
+        self.world.rebind_qp(self._qp(request), port, pkey_index, qkey)
 
     def _op_close_qp(self, request: dict[str, Any]) -> Any:
         qp = self._qp(request)
@@ -370,7 +371,9 @@ class _Session:
         self.hub.sessions.discard(self)
 
 
-_NODE_OPS = frozenset({"rebind_qp", "query", "addresses", "open_ud", "close_qp", "attach", "detach"})
+_NODE_OPS = frozenset(
+    {"query", "addresses", "open_ud", "rebind_qp", "close_qp", "attach", "detach"}
+)
 
 
 async def _unix_listener(path: str) -> trio.SocketListener:
