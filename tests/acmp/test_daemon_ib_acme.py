@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from ibacm.fabric.sim.topology import Topology
-from tests.conftest import require_peer
+from tests.conftest import require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
+PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs/device.cpython-311-x86_64-linux-gnu.so")
 NODES = 4
 COUNTER_NAMES = (
     "Error Count",
@@ -62,12 +63,17 @@ def _sim(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[Sim]:
+@pytest.fixture(scope="module", params=["sim", "hw"])
+def sim(request: pytest.FixtureRequest) -> Iterator[Sim]:
+    """node1 (the one asked) runs on the simulated fabric, or with ``--fabric hw`` on the real
+    pyverbs and libibumad through the emulated HCA: the same scenarios pass on both."""
     require_peer("ib_acme")
+    kind_args = ["--hw", "node1"] if request.param == "hw" else []
+    if kind_args:
+        require_file(PYVERBS)
     directory = Path(tempfile.mkdtemp(prefix="acmpsim"))
     try:
-        up = _sim("up", "--nodes", str(NODES), "--dir", str(directory))
+        up = _sim("up", "--nodes", str(NODES), "--dir", str(directory), *kind_args)
         if up.returncode != 0:
             pytest.fail(f"ibacm-sim up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
         yield Sim(directory, Topology.from_json((directory / "topology.json").read_text()))
