@@ -63,6 +63,7 @@ from ibacm.config.options import Options, RouteProt
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
+from tests.bench import storm_cluster
 from tests.bench.common import (
     BenchError,
     current_rss_mb,
@@ -369,12 +370,46 @@ def targets(points: list[dict[str, Any]]) -> dict[str, str]:
     return found
 
 
+C_REAL_MAX = 64
+"""c_real runs one C daemon and one device process per node: 64 is what 2 cores start in a
+minute or two."""
+
+
+def c_real(count: int) -> dict[str, Any]:
+    if count > C_REAL_MAX:
+        skipped = f"c_real not run above N={C_REAL_MAX} (a process pair per node)"
+        print(f"N={count:5} c_real     skipped: {skipped}")
+        return {"nodes": count, "config": "c_real", "skipped": skipped}
+    figures = storm_cluster.c_real_point(count)
+    storm_cluster.print_c_real(figures)
+    return figures
+
+
+def compare_c_real(points: list[dict[str, Any]]) -> None:
+    """The model (c_baseline) beside the real C daemons (c_real) at the same N."""
+    by_key = {(p["nodes"], p["config"]): p for p in points if "error" not in p}
+    for (count, config), real in sorted(by_key.items()):
+        model = by_key.get((count, "c_baseline"))
+        if config != "c_real" or "skipped" in real or model is None or "skipped" in model:
+            continue
+        print(
+            f"N={count:5} c_real vs c_baseline: SA PathRecord queries {real['sa_path_queries']} "
+            f"vs {model['sa_path_queries']}, multicast requests {real['multicast_requests']} vs "
+            f"{model['multicast_requests']}, unicast replies {real['unicast_replies']} vs "
+            f"{model['unicast_replies']}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", nargs=2, metavar=("N", "CONFIG"), help="one point, here")
     default_nodes = "256,1024,4096" if os.environ.get("BENCH_FULL") == "1" else "256,1024"
     parser.add_argument("--nodes", default=default_nodes)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"{', '.join(CONFIGS)}, and c_real (real C daemons, N <= {C_REAL_MAX})",
+    )
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per point")
     parser.add_argument(
         "--baseline-all", action="store_true", help=f"run c_baseline above N={1024} too"
@@ -400,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     for count in (int(part) for part in args.nodes.split(",") if part.strip()):
         for config in (part.strip() for part in args.configs.split(",") if part.strip()):
+            if config == "c_real":
+                points.append(c_real(count))
+                continue
             if config == "c_baseline" and count > BASELINE_MAX and not args.baseline_all:
                 # N(N-1) SA queries through one simulated SA: hours of wall time at 4096.
                 skipped = f"not run above N={BASELINE_MAX} (use --baseline-all)"
@@ -410,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             figures = run_rounds(count, config, args.timeout, args.client_rtt_us, rounds)
             print_point(figures)
             points.append(figures)
+    compare_c_real(points)
     found = targets(points)
     for target, outcome in found.items():
         print(f"target {target}: {outcome}")
