@@ -20,13 +20,14 @@ It prints ``READY`` on stdout (and sends sd_notify ``READY=1``) once it serves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,20 +70,24 @@ class _Outbox:
 
     def __init__(self, sock: trio.socket.SocketType) -> None:
         self.sock = sock
-        self._queue: deque[bytes] = deque()
+        self._queue: deque[tuple[bytes, Callable[[], None] | None]] = deque()
         self._wake = trio.Event()
         self.closed = False
 
-    def put(self, record: bytes) -> None:
+    def put(self, record: bytes, *, then: Callable[[], None] | None = None) -> None:
+        """Queue ``record``; ``then`` runs once it is in the program's socket buffer."""
         if not self.closed:
-            self._queue.append(record)
+            self._queue.append((record, then))
             self._wake.set()
 
     async def run(self) -> None:
         try:
             while not self.closed:
                 while self._queue:
-                    await self.sock.send(self._queue.popleft())
+                    record, then = self._queue.popleft()
+                    await self.sock.send(record)
+                    if then is not None:
+                        then()
                 self._wake = trio.Event()
                 await self._wake.wait()
         except OSError:
@@ -434,19 +439,28 @@ class EmulatedDevice:
         cq = self.cqs.get(cq_id)
         if cq is None or cq.out is None:
             return
-        cq.out.put(record)
-        if cq.armed:
-            cq.armed = False
-            channel = self.channels.get(cq.channel)
-            if channel is not None:
-                channel.put(ep.CQ_EVENT.pack(cq.id))
+        if not cq.armed:
+            cq.out.put(record)
+            return
+        cq.armed = False
+        channel = self.channels.get(cq.channel)
+        if channel is None:
+            cq.out.put(record)
+            return
+        # As on an HCA, the completion is in the CQ before the event says so: a program that
+        # polls on the event must find it.
+        event = ep.CQ_EVENT.pack(cq.id)
+        cq.out.put(record, then=lambda: channel.put(event))
 
     # -- umad --------------------------------------------------------------------------------
     async def _umad_reader(
         self, conn: trio.socket.SocketType, umad: _UmadPort, nursery: trio.Nursery
     ) -> None:
         while True:
-            message = await conn.recv(_RECV_MAX)
+            try:
+                message = await conn.recv(_RECV_MAX)
+            except OSError:
+                return  # the program died
             if not message:
                 return
             try:
@@ -483,9 +497,10 @@ class EmulatedDevice:
 
 
 async def _until_closed(conn: trio.socket.SocketType) -> None:
-    """Streams carry nothing from the program; its closing them is the destroy."""
-    while await conn.recv(_RECV_MAX):
-        pass
+    """Streams carry nothing from the program; its closing them (or dying) is the destroy."""
+    with contextlib.suppress(OSError):
+        while await conn.recv(_RECV_MAX):
+            pass
 
 
 async def run_device(

@@ -1,0 +1,366 @@
+"""The emulated HCA with unmodified third-party code: Debian's pyverbs and libibumad.
+
+A hub with two nodes and one emulated device process per node; programs run under
+``/usr/bin/python3`` (where Debian installs pyverbs) with ``libibacm_emu.so`` preloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from ibacm.fabric.emu import protocol as ep
+from ibacm.fabric.emu.build import HERE, ensure_library
+from ibacm.fabric.sim.hub import hub_call
+from tests.conftest import require_file, require_peer
+
+pytestmark = [pytest.mark.peer]
+PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs/device.cpython-311-x86_64-linux-gnu.so")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def test_c_and_python_layouts_agree(tmp_path: Path) -> None:
+    """emu_protocol.h and protocol.py describe the same bytes; umad records are the kernel's."""
+    cc = require_peer("cc")
+    source = tmp_path / "sizes.c"
+    source.write_text(
+        textwrap.dedent(
+            """
+            #include <stdio.h>
+            #include <stddef.h>
+            #include <infiniband/umad.h>
+            #include "emu_protocol.h"
+            int main(void) {
+                printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\\n",
+                       sizeof(struct emu_req), sizeof(struct emu_rep),
+                       sizeof(struct emu_dev_info), sizeof(struct emu_port_attr),
+                       sizeof(struct emu_qp_mod), sizeof(struct emu_send),
+                       sizeof(struct emu_wc), sizeof(struct emu_async),
+                       sizeof(struct ib_user_mad),
+                       offsetof(struct ib_user_mad, addr) + offsetof(ib_mad_addr_t, pkey_index));
+                return 0;
+            }
+            """
+        )
+    )
+    binary = tmp_path / "sizes"
+    subprocess.run([cc, "-I", str(HERE), "-o", str(binary), str(source)], check=True)
+    sizes = [
+        int(n) for n in subprocess.run([binary], capture_output=True, text=True).stdout.split()
+    ]
+    assert sizes == [
+        ep.REQ.size,
+        ep.REP.size,
+        ep.DEV_INFO.size,
+        ep.PORT_ATTR.size,
+        ep.QP_MOD.size,
+        ep.SEND.size,
+        ep.WC.size,
+        ep.ASYNC_EVENT.size,
+        ep.UMAD_SIZE,
+        ep.UMAD_HEAD.size + ep.UMAD_ADDR.size,
+    ]
+
+
+def test_the_library_exports_what_the_c_daemon_and_its_provider_import() -> None:
+    """Every ibv_*/umad_* import of /usr/sbin/ibacm and libibacmp.so has a definition here."""
+    nm = require_peer("nm")
+    daemon = require_file(Path("/usr/sbin/ibacm"))
+    provider = require_file(Path("/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so"))
+    library = ensure_library()
+
+    def symbols(path: Path, *flags: str) -> set[str]:
+        out = subprocess.run([nm, "-D", *flags, str(path)], capture_output=True, text=True).stdout
+        return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+    wanted = {
+        name
+        for path in (daemon, provider)
+        for name in symbols(path, "--undefined-only")
+        if name.startswith(("ibv_", "umad_")) and name != "ibv_event_type_str"
+    }
+    assert len(wanted) >= 30
+    assert wanted <= symbols(library, "--defined-only")
+
+
+@dataclass
+class Fabric:
+    root: Path
+    sockets: dict[str, Path]
+    library: Path
+
+    def env(self, node: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "LD_PRELOAD": str(self.library),
+            ep.SOCKET_ENV: str(self.sockets[node]),
+        }
+
+    def hub(self, request: dict[str, object]) -> object:
+        return trio.run(hub_call, self.root / "hub.sock", request)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def fabric(tmp_path: Path) -> Iterator[Fabric]:
+    require_peer(SYSTEM_PYTHON)
+    require_file(PYVERBS)
+    library = ensure_library()
+    procs = []
+    try:
+        hub = subprocess.Popen(
+            [sys.executable, "-m", "ibacm.fabric.sim.hub", "--dir", str(tmp_path), "--nodes", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(hub)
+        _wait_for(tmp_path / "hub.sock", hub)
+        sockets = {}
+        for node in ("node1", "node2"):
+            sockets[node] = tmp_path / f"{node}.sock"
+            command = [sys.executable, "-m", "ibacm.fabric.emu.device", "--hub"]
+            command += [str(tmp_path / "hub.sock"), "--node", node, "--socket", str(sockets[node])]
+            device = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            procs.append(device)
+            assert device.stdout is not None and device.stdout.readline().strip() == "READY"
+        yield Fabric(tmp_path, sockets, library)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+# The same pyverbs calls as the hw backend (ibacm/fabric/hw/ud_qp.py, verbs_attrs.py).
+PRELUDE = """
+import json, select, sys
+import pyverbs.addr as addr, pyverbs.cq as cqm, pyverbs.device as dev, pyverbs.enums as e
+import pyverbs.mr as mrm, pyverbs.pd as pdm, pyverbs.qp as qpm, pyverbs.wr as wrm
+ctx = dev.Context(name=dev.get_device_list()[0].name.decode())
+port = ctx.query_port(1)
+pd = pdm.PD(ctx)
+channel = cqm.CompChannel(ctx)
+cq = cqm.CQ(ctx, 32, None, channel, 0)
+cq.req_notify()
+mr = mrm.MR(pd, 8192, e.IBV_ACCESS_LOCAL_WRITE)
+cap = qpm.QPCap(max_send_wr=4, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
+init = qpm.QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap, sq_sig_all=1)
+attr = qpm.QPAttr(port_num=1)
+attr.pkey_index, attr.qkey, attr.sq_psn = 0, 0x80010000, 0
+qp = qpm.QP(pd, init, attr)
+
+def completions(timeout):
+    # The channel's fd is the one the hw backend hands to trio: it must be pollable.
+    ready, _, _ = select.select([channel_fd], [], [], timeout)
+    if not ready:
+        return []
+    channel.get_cq_event(cq)
+    cq.ack_events(1)
+    cq.req_notify()
+    count, wcs = cq.poll(16)
+    return wcs[:count]
+"""
+
+RECEIVER = """
+import ctypes
+from pyverbs.base import PyverbsCM
+pointer = ctypes.c_void_p.from_address(id(channel) + PyverbsCM.__basicsize__).value
+channel_fd = ctypes.c_int.from_address(pointer + 8).value
+for slot in range(4):
+    qp.post_recv(wrm.RecvWR(wr_id=slot, num_sge=1, sg=[wrm.SGE(mr.buf + slot * 296, 296, mr.lkey)]))
+print(json.dumps({"lid": port.lid, "qpn": qp.qp_num, "gid": str(ctx.query_gid(1, 0))}), flush=True)
+wcs = completions(20)
+wc = wcs[0]
+buf = mr.read(296, wc.wr_id * 296)
+print(json.dumps({
+    "status": wc.status, "opcode": wc.opcode, "byte_len": wc.byte_len, "src_qp": wc.src_qp,
+    "slid": wc.slid, "grh": bool(wc.wc_flags & e.IBV_WC_GRH), "qp_num": wc.qp_num,
+    "grh_version": buf[0] >> 4, "next_header": buf[6], "sgid": buf[8:24].hex(),
+    "dgid": buf[24:40].hex(), "payload": buf[40:296].hex(),
+}), flush=True)
+"""
+
+SENDER = """
+import ctypes
+from pyverbs.base import PyverbsCM
+pointer = ctypes.c_void_p.from_address(id(channel) + PyverbsCM.__basicsize__).value
+channel_fd = ctypes.c_int.from_address(pointer + 8).value
+peer = json.loads(sys.argv[1])
+route = addr.GlobalRoute(dgid=addr.GID(peer["gid"]), sgid_index=0)
+ah = addr.AH(pd, attr=addr.AHAttr(dlid=peer["lid"], is_global=1, port_num=1, gr=route))
+results = []
+for wr_id, length in ((7, 256), (8, 100)):
+    mr.write(bytes(range(256)), 256, 0)
+    wr = wrm.SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1,
+                    sg=[wrm.SGE(mr.buf, length, mr.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+    wr.set_wr_ud(ah, peer["qpn"], 0x80010000)
+    qp.post_send(wr)
+    wc = completions(20)[0]
+    results.append({"wr_id": wc.wr_id, "status": wc.status, "opcode": wc.opcode})
+print(json.dumps({"qpn": qp.qp_num, "gid": str(ctx.query_gid(1, 0)), "sends": results}))
+"""
+
+
+def run_pyverbs(fabric: Fabric, node: str, body: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", PRELUDE + body, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=fabric.env(node),
+    )
+
+
+def test_pyverbs_ud_send_lands_in_a_posted_buffer_behind_its_grh(fabric: Fabric) -> None:
+    receiver = run_pyverbs(fabric, "node2", RECEIVER)
+    assert receiver.stdout is not None
+    line = receiver.stdout.readline()
+    assert line, receiver.communicate()[1]
+    peer = json.loads(line)
+    sender = run_pyverbs(fabric, "node1", SENDER, json.dumps(peer))
+    sent_out, sent_err = sender.communicate(timeout=60)
+    assert sender.returncode == 0, sent_err
+    sent = json.loads(sent_out)
+    got_out, got_err = receiver.communicate(timeout=60)
+    assert receiver.returncode == 0, got_err
+    got = json.loads(got_out)
+    # The MAD-sized send completes; a 100-byte one is refused with a local length error.
+    assert sent["sends"] == [
+        {"wr_id": 7, "status": 0, "opcode": 0},
+        {"wr_id": 8, "status": 1, "opcode": 0},
+    ]
+    assert got["status"] == 0 and got["opcode"] == 128  # IBV_WC_RECV
+    assert got["byte_len"] == 40 + 256 and got["grh"]
+    assert got["qp_num"] == peer["qpn"] and got["src_qp"] == sent["qpn"]
+    assert got["slid"] == 2  # node1's LID
+    assert got["grh_version"] == 6 and got["next_header"] == 0x1B
+    assert got["sgid"] == sent["gid"].replace(":", "")
+    assert got["dgid"] == peer["gid"].replace(":", "")
+    assert got["payload"] == bytes(range(256)).hex()
+
+
+UMAD = """
+import ctypes, errno, json
+# Functions resolved as a C program's calls are (the preload first), not per library.
+ctypes.CDLL("libibumad.so.3", mode=ctypes.RTLD_GLOBAL)
+lib = ctypes.CDLL(None, use_errno=True)
+lib.umad_get_mad.restype = ctypes.c_void_p
+lib.umad_get_mad.argtypes = [ctypes.c_void_p]
+lib.umad_size.restype = ctypes.c_size_t
+assert lib.umad_init() == 0
+names = (ctypes.c_char * 20 * 4)()
+count = lib.umad_get_cas_names(names, 4)
+ca = bytes(names[0]).rstrip(b"\\0")
+portid = lib.umad_open_port(ca, 1)
+agent = lib.umad_register(portid, 0x03, 2, 1, None)
+size = lib.umad_size()
+buf = ctypes.create_string_buffer(size + 256)
+mad = bytearray(256)
+mad[0:4] = bytes([1, 0x03, 2, 0x01])            # SubnAdmGet
+mad[8:16] = (0x1234).to_bytes(8, "big")        # TID
+mad[16:18] = (0x0035).to_bytes(2, "big")       # PathRecord
+ctypes.memmove(lib.umad_get_mad(buf), bytes(mad), 256)
+lib.umad_set_addr(buf, int(sys.argv[1]), 1, 0, 0x80010000)
+assert lib.umad_send(portid, agent, buf, 256, 100, 1) == 0
+small = ctypes.create_string_buffer(size + 256)
+length = ctypes.c_int(0)
+first = lib.umad_recv(portid, small, ctypes.byref(length), 5000)  # too small: ENOSPC
+length2 = ctypes.c_int(256)
+got = lib.umad_recv(portid, small, ctypes.byref(length2), 5000)
+answer = ctypes.string_at(lib.umad_get_mad(small), 256)
+print(json.dumps({"count": count, "size": size, "agent": agent, "first": first,
+                  "needed": length.value, "got": got, "status": lib.umad_status(small),
+                  "method": answer[3], "tid_low": answer[12:16].hex()}))
+"""
+
+
+def test_libibumad_sa_request_with_enospc_and_timeout(fabric: Fabric) -> None:
+    """A SubnAdmGet through the real libibumad API: answered by the fabric's SA; a too-small
+    buffer gets -ENOSPC with the length it needs and the answer stays queued; with the SA
+    down the request comes back with status ETIMEDOUT after timeout x (retries + 1)."""
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys\n" + UMAD, "2"],
+        capture_output=True,
+        text=True,
+        env=fabric.env("node1"),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["count"] == 1 and result["size"] == 64
+    assert result["first"] == -28 and result["needed"] == 256  # -ENOSPC
+    assert result["got"] == result["agent"] and result["status"] == 0
+    assert result["method"] == 0x81 and result["tid_low"] == "00001234"
+
+    fabric.hub({"op": "faults", "set": {"sa_down": "on"}})
+    started = time.monotonic()
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys\n" + UMAD, "2"],
+        capture_output=True,
+        text=True,
+        env=fabric.env("node1"),
+        timeout=60,
+        check=False,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == 110  # ETIMEDOUT: the request comes back, as the kernel does
+    assert result["method"] == 0x01
+    assert took >= 0.2  # 100 ms x (1 retry + 1)
+
+
+def test_async_port_events_reach_the_program(fabric: Fabric) -> None:
+    script = """
+import ctypes, json, select, sys
+import pyverbs.device as dev
+class Event(ctypes.Structure):
+    _fields_ = (("element", ctypes.c_uint64), ("event_type", ctypes.c_int))
+ctx = dev.Context(name=dev.get_device_list()[0].name.decode())
+from pyverbs.base import PyverbsCM
+pointer = ctypes.c_void_p.from_address(id(ctx) + PyverbsCM.__basicsize__).value
+async_fd = ctypes.c_int.from_address(pointer + 268).value
+print("ready", flush=True)
+seen = []
+while len(seen) < 2:
+    if not select.select([async_fd], [], [], 20)[0]:
+        break
+    event = Event()
+    get = ctypes.CDLL(None).ibv_get_async_event
+    assert get(ctypes.c_void_p(pointer), ctypes.byref(event)) == 0
+    seen.append([event.event_type, event.element, ctx.query_port(1).state])
+print(json.dumps(seen))
+"""
+    proc = subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=fabric.env("node2"),
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    target = {"node": "node2", "device": "mlx5_0", "port": 1}
+    fabric.hub({"op": "port", **target, "up": False})
+    time.sleep(0.3)
+    fabric.hub({"op": "port", **target, "up": True})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    # IBV_EVENT_PORT_ERR then IBV_EVENT_PORT_ACTIVE on port 1, and the port state follows.
+    assert json.loads(out) == [[10, 1, 1], [9, 1, 4]]
