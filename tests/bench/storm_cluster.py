@@ -16,6 +16,7 @@ running both at one N shows how far the model is from the real daemon.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def c_real_point(nodes_count: int) -> dict[str, Any]:
         device_rss = [_peak_rss_mb(int(pid)) for pid in pids["devices"].values()]
     finally:
         _sim("down", "--dir", str(root))
+        shutil.rmtree(root, ignore_errors=True)
 
     def delta(mgmt_class: int, method: int | None = None, attr: int | None = None) -> int:
         return sum(
