@@ -108,7 +108,7 @@ def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         # The stand-in daemon really joined the fabric through the hub.
         assert "mlx5_0 port 1 ACTIVE lid 3" in (root / "node2" / "ibacm.log").read_text()
         code, table = run(capsys, "status", "--dir", str(root))
-        assert code == 0 and "node3  4 " in table
+        assert code == 0 and "node3  sim   4 " in table
         hosts = run(capsys, "hosts", "--dir", str(root))[1]
         assert "10.0.0.3 " + nodes["node3"]["gid"] in hosts.splitlines()
         assert run(capsys, "fault", "--dir", str(root), "loss", "0.25")[1].startswith("loss 0.25")
