@@ -70,9 +70,21 @@ class _Outbox:
 
     def __init__(self, sock: trio.socket.SocketType) -> None:
         self.sock = sock
-        self._queue: deque[tuple[bytes, Callable[[], None] | None]] = deque()
+        self._queue: deque[tuple[bytes | None, Callable[[], None] | None]] = deque()
         self._wake = trio.Event()
+        self._writing = False
         self.closed = False
+
+    @property
+    def busy(self) -> bool:
+        """Records are queued or being written: the program cannot see them yet."""
+        return self._writing or bool(self._queue)
+
+    def after_pending(self, then: Callable[[], None]) -> None:
+        """Run ``then`` once every record queued so far is in the program's socket buffer."""
+        if not self.closed:
+            self._queue.append((None, then))
+            self._wake.set()
 
     def put(self, record: bytes, *, then: Callable[[], None] | None = None) -> None:
         """Queue ``record``; ``then`` runs once it is in the program's socket buffer."""
@@ -85,7 +97,10 @@ class _Outbox:
             while not self.closed:
                 while self._queue:
                     record, then = self._queue.popleft()
-                    await self.sock.send(record)
+                    if record is not None:
+                        self._writing = True
+                        await self.sock.send(record)
+                        self._writing = False
                     if then is not None:
                         then()
                 self._wake = trio.Event()
@@ -229,8 +244,8 @@ class EmulatedDevice:
             self.cqs[cq.id] = cq
             return ep.encode_reply(0, cq.id)
         if op is Op.ARM_CQ:
-            self.cqs[req.a].armed = True
-            return b""
+            self._arm(self.cqs[req.a])
+            return ep.encode_reply()
         if op is Op.DESTROY_CQ:
             cq = self.cqs.pop(req.a)
             if cq.out is not None:
@@ -434,6 +449,17 @@ class EmulatedDevice:
                     payload=received.mad,
                 ),
             )
+
+    def _arm(self, cq: _Cq) -> None:
+        """ibv_req_notify_cq, answered before the program polls again (an HCA's arm is a
+        doorbell: it takes effect at once). Completions the program cannot see yet (still on
+        their way to its socket) count as arriving after the arm: they raise the event."""
+        channel = self.channels.get(cq.channel)
+        if cq.out is not None and cq.out.busy and channel is not None:
+            cq.armed = False
+            cq.out.after_pending(lambda: channel.put(ep.CQ_EVENT.pack(cq.id)))
+        else:
+            cq.armed = True
 
     def _complete(self, cq_id: int, record: bytes) -> None:
         cq = self.cqs.get(cq_id)

@@ -672,13 +672,14 @@ EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
+/* Answered, so the arm is in force before the caller polls again (as an HCA's doorbell). */
 static int emu_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
 	struct emu_req req = {.op = EMU_OP_ARM_CQ, .a = ((struct emu_cq *)cq)->id};
+	struct emu_rep rep;
 
 	(void)solicited_only;
-	ctx_post(cq->context, &req, NULL, 0, NULL, 0);
-	return 0;
+	return -ctx_call(cq->context, &req, NULL, 0, &rep, NULL, 0);
 }
 
 static void scatter(const struct recv_wr *rwr, const uint8_t *data, size_t len)
