@@ -45,6 +45,10 @@ Extensions (keys the C daemon ignores, so one file serves both daemons):
     TCP port of the metrics endpoint on 127.0.0.1 (default 0 = off).
 ``capture_file``
     file that receives a capture of all MADs sent and received (default: none).
+``provider_prefer``
+    ``python`` (default) or ``library``: which provider is loaded when a library in
+    ``provider_lib_path`` and a Python provider have the same name (rdma-core's
+    ``libibacmp.so`` and ours are both ``ibacmp``).
 """
 
 from __future__ import annotations
@@ -101,6 +105,13 @@ class LoopbackProt(enum.Enum):
 
     NONE = 0
     LOCAL = 1
+
+
+class ProviderPrefer(enum.Enum):
+    """Which of two providers of one name is loaded (``provider_prefer``)."""
+
+    PYTHON = "python"
+    LIBRARY = "library"
 
 
 class RoutePreload(enum.Enum):
@@ -224,6 +235,7 @@ class Options:
     route_bulk_preload: bool = False
     metrics_port: int = 0
     capture_file: str | None = None
+    provider_prefer: ProviderPrefer = ProviderPrefer.PYTHON
 
     @property
     def min_mtu_bytes(self) -> int:
@@ -325,6 +337,7 @@ class Options:
             ("route bulk preload", _yes_no(self.route_bulk_preload)),
             ("metrics port", str(self.metrics_port)),
             ("capture file", self.capture_file or "none"),
+            ("provider prefer", self.provider_prefer.value),
         ]
         return core + provider + providers + extensions
 
@@ -626,6 +639,9 @@ _HANDLERS: dict[str, _Handler] = {
     "route_bulk_preload": _yes_no_flag("route_bulk_preload"),
     "metrics_port": _integer("metrics_port", minimum=0, fallback=0, maximum=0xFFFF),
     "capture_file": _optional_path("capture_file"),
+    "provider_prefer": _keyword(
+        "provider_prefer", {"python": ProviderPrefer.PYTHON, "library": ProviderPrefer.LIBRARY}
+    ),
 }
 # The one key the C provider compares case-sensitively.
 _CASE_SENSITIVE_KEYS = frozenset({"route_timeout"})

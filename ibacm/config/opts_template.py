@@ -101,6 +101,7 @@ def _values(options: Options) -> dict[str, str]:
         "route_bulk_preload": _word(options.route_bulk_preload),
         "metrics_port": str(options.metrics_port),
         "capture_file": options.capture_file or "none",
+        "provider_prefer": options.provider_prefer.value,
     }
     for key, value in values.items():
         if any(char in C_SPACE or char == "\0" for char in value) or (
@@ -335,6 +336,15 @@ _EXTENSION_BLOCKS: tuple[_Block, ...] = (
     _Block(
         "capture_file", ("File receiving a capture of every MAD ('none' = off).",), active=False
     ),
+    _Block(
+        "provider_prefer",
+        (
+            "'python' or 'library': which provider is loaded when a library in",
+            "provider_lib_path has the name of a Python provider (rdma-core's libibacmp.so",
+            "and this daemon's provider are both 'ibacmp').",
+        ),
+        active=False,
+    ),
 )
 
 
@@ -356,7 +366,7 @@ def _provider_lines(providers: list[ProviderLine]) -> list[str]:
         "# provider:",
         "# Which provider serves the ports of a subnet: 'provider <name> <subnet prefix>',",
         "# or 'provider <name> default' for every other port. This daemon has one",
-        "# built-in provider, ibacmp.",
+        "# built-in provider, ibacmp, and loads the libraries in provider_lib_path.",
         "# Examples:",
         "# provider ibacmp 0xFE80000000000000",
         "# provider ibacmp default",
