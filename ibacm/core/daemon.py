@@ -23,13 +23,14 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from ibacm import __version__
 from ibacm.config.address_literals import classify
-from ibacm.config.options import Options, ServerMode, load_options
+from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
 from ibacm.core.clients import ClientServer
@@ -47,7 +48,13 @@ from ibacm.fabric.api import Fabric, NoDevicesError
 from ibacm.fabric.capture import CaptureControl, CaptureError, TapFabric
 from ibacm.log import get_logger
 from ibacm.provider.api import Counters
-from ibacm.provider.registry import PrefixRule, ProviderEntry, ProviderSet, discover_providers
+from ibacm.provider.registry import (
+    PrefixRule,
+    ProviderEntry,
+    ProviderSet,
+    discover_providers,
+    merge_libraries,
+)
 from ibacm.wire.client import AddrType
 
 log = get_logger("ibacm.daemon")
@@ -243,6 +250,9 @@ class Daemon:
         entries = self.provider_entries
         if entries is None:
             entries, _ = discover_providers()
+            prefer_library = self.options.provider_prefer is ProviderPrefer.LIBRARY
+            libraries = self._provider_libraries()
+            entries = merge_libraries(entries, libraries, prefer_library=prefer_library)
         default, rules = provider_choice(self.options, entries)
         self.providers = ProviderSet.create(entries, self.services, default=default, rules=rules)
         self.topology.providers = self.providers
@@ -251,10 +261,32 @@ class Daemon:
         config_log.info(
             "providers",
             loaded=names,
+            origins={provider.name: provider.origin for provider in self.providers.providers},
             default=self.providers.default.name if self.providers.default else None,
         )
         if not names:
             log.error("no provider loaded: ports will have no endpoints")
+
+    def _provider_libraries(self) -> list[ProviderEntry]:
+        """The providers built for rdma-core's ibacm in ``provider_lib_path`` (ibacm/cprov)."""
+        directory = Path(self.options.provider_lib_path)
+        if not self.tap.offers_verbs:
+            if directory.is_dir() and any(directory.glob("*.so")):
+                log.info(
+                    "provider libraries not loaded: they need libibverbs devices (--fabric hw)",
+                    path=str(directory),
+                )
+            return []
+        from ibacm.cprov.provider import CoreBridge, CProviderError, discover_c_providers
+
+        try:
+            token = trio.lowlevel.current_trio_token()
+            bridge = CoreBridge(self.services, token, self.opts_file or "")
+        except (CProviderError, OSError) as exc:
+            log.error("provider libraries not loaded", path=str(directory), reason=str(exc))
+            return []
+        loaded, _ = discover_c_providers(directory, bridge)
+        return [ProviderEntry(lib.name, lib.cls, str(lib.path)) for lib in loaded]
 
     async def _start_admin(self, root: trio.Nursery) -> None:
         path = str(self.options.admin_socket_path)
@@ -445,6 +477,8 @@ class Daemon:
     def _endpoint_info(self, endpoint: EndpointState) -> dict[str, Any]:
         info = endpoint_summary(endpoint)
         provider = endpoint.port.provider
+        if provider is not None:
+            info["provider"], info["provider_origin"] = provider.name, provider.origin
         if provider is not None and endpoint.ctx is not None:
             try:
                 info.update(provider.describe_endpoint(endpoint.ctx))

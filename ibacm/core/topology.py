@@ -251,8 +251,19 @@ class Topology:
             self._publish_port(port)
             return
         if not await self._open_provider_port(port, provider):
-            self._publish_port(port)
-            return
+            # Beyond C (which leaves the port without endpoints): the default provider serves a
+            # port whose own provider cannot open it.
+            fallback = self.providers.default
+            if fallback is None or fallback is provider:
+                self._publish_port(port)
+                return
+            if not await self._open_provider_port(port, fallback):
+                self._publish_port(port)
+                return
+            log.warning(
+                "port served by the default provider", port=port.id, failed=provider.name,
+                provider=fallback.name,
+            )  # fmt: skip
         for pkey in endpoint_pkeys(attrs):
             await self._endpoint_up(port, pkey)
         self._publish_port(port)

@@ -252,6 +252,11 @@ class Device(abc.ABC):
     """One HCA."""
 
     @property
+    def verbs_context(self) -> int | None:
+        """Its ``struct ibv_context *`` when it is a libibverbs device (C providers need one)."""
+        return None
+
+    @property
     @abc.abstractmethod
     def name(self) -> str: ...
 
@@ -336,6 +341,10 @@ class IpEvent:
 
 class Fabric(abc.ABC):
     """A backend: opens the devices of this node and reports its IPoIB addresses."""
+
+    offers_verbs: bool = False
+    """Its devices are libibverbs devices (``Device.verbs_context``), so providers built for
+    rdma-core's ibacm can run on them."""
 
     @abc.abstractmethod
     async def open(self) -> Sequence[Device]:

@@ -201,6 +201,7 @@ class TapFabric(Fabric):
 
     def __init__(self, inner: Fabric, observers: Iterable[MadObserver] = ()) -> None:
         self.inner = inner
+        self.offers_verbs = inner.offers_verbs
         # Replaced, never mutated: a MAD being reported keeps the tuple it started with.
         self.observers: tuple[MadObserver, ...] = tuple(observers)
         self.observer_errors = 0
@@ -273,6 +274,10 @@ class TapDevice(Device):
     @property
     def node_guid(self) -> int:
         return self.inner.node_guid
+
+    @property
+    def verbs_context(self) -> int | None:
+        return self.inner.verbs_context
 
     @property
     def phys_port_cnt(self) -> int:

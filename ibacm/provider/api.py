@@ -189,6 +189,8 @@ class Provider(abc.ABC):
 
     name: ClassVar[str]
     api_version: ClassVar[int] = PROVIDER_API_VERSION
+    origin: str = ""
+    """Where it was loaded from: the entry point (``name = module:Class``) or the library path."""
 
     def __init__(self, core: CoreServices) -> None:
         self.core = core

@@ -97,6 +97,33 @@ def _ep_key(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:
     return entry_point.name, entry_point.value
 
 
+def merge_libraries(
+    python: Sequence[ProviderEntry], libraries: Sequence[ProviderEntry], *, prefer_library: bool
+) -> list[ProviderEntry]:
+    """Python providers and provider libraries in one list; of two with one name (any case)
+    the preferred kind stays (``provider_prefer``), and the log says which went where."""
+    merged = list(python)
+    index = {entry.name.lower(): n for n, entry in enumerate(merged)}
+    for library in libraries:
+        key = library.name.lower()
+        if key not in index:
+            index[key] = len(merged)
+            merged.append(library)
+            continue
+        kept = merged[index[key]]
+        if prefer_library and kept in python:
+            merged[index[key]] = library
+            kept, library = library, kept
+        log.info(
+            "provider name taken",
+            provider=kept.name,
+            used=kept.origin,
+            not_used=library.origin,
+            rule="provider_prefer " + ("library" if prefer_library else "python"),
+        )
+    return merged
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixRule:
     """``provider <name> <prefix>``: ports whose GID-0 subnet prefix is ``prefix``."""
@@ -160,7 +187,9 @@ class ProviderSet:
         instances: dict[str, Provider] = {}
         for entry in entries:
             try:
-                instances[entry.name] = entry.cls(core)
+                instance = entry.cls(core)
+                instance.origin = entry.origin
+                instances[entry.name] = instance
             except Exception as exc:  # skip it like a failed provider_query
                 log.error("provider skipped", provider=entry.name, reason=f"{exc!r}")
         return cls(instances, default=default, rules=rules)

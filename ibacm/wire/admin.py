@@ -138,6 +138,9 @@ class EndpointInfo(TypedDict, total=False):
     port: int
     pkey: int
     state: str
+    provider: str
+    provider_origin: str
+    """Where the provider was loaded from: a Python entry point or a library path."""
     addresses: list[AddressInfo]
     groups: list[GroupInfo]
     cache: list[CacheEntryInfo]

@@ -60,6 +60,7 @@ class HwFabric(Fabric):
         pyverbs_loader: Callable[[], Pyverbs] = load_pyverbs,
     ) -> None:
         self.mode = mode
+        self.offers_verbs = mode is HwMode.VERBS
         self._umad_factory = umad_factory
         self._pyverbs_loader = pyverbs_loader
         self._monitor = IpMonitor(link_filter=link_filter, socket_factory=socket_factory)

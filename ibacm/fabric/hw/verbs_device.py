@@ -92,6 +92,10 @@ class HwDevice(PortTableDevice["HwPort"]):
             for num in range(1, int(attr.phys_port_cnt) + 1)
         }
 
+    @property
+    def verbs_context(self) -> int | None:
+        return self._ctx_handle.pointer
+
     async def wait_event(self) -> PortEvent:
         await self._poller.wait_until(lambda: bool(self._events))
         return self._events.popleft()
