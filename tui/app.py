@@ -61,6 +61,7 @@ ENDPOINT_COLUMNS = [
     ("id", "Endpoint"),
     ("pkey", "P_Key"),
     ("state", "State"),
+    ("provider", "Provider"),
     ("addresses", "Addresses"),
     ("groups", "Groups"),
     ("cache", "Cache"),

@@ -183,6 +183,8 @@ class EndpointRow:
     id: str
     pkey: str
     state: str
+    provider: str
+    """The provider's name; where it came from is in the admin snapshot."""
     addresses: str
     cache_size: int
     groups: int
@@ -193,6 +195,7 @@ class EndpointRow:
             self.id,
             self.pkey,
             self.state,
+            self.provider,
             self.addresses,
             str(self.groups),
             str(self.cache_size),
@@ -416,6 +419,7 @@ class DashboardModel:
                 ep,
                 format_pkey(info.get("pkey")),
                 _text(info.get("state")),
+                _text(info.get("provider")),
                 addresses or "-",
                 cache_sizes[ep],
                 group_counts[ep],

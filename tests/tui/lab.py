@@ -75,6 +75,7 @@ class LabDaemon:
                     "id": ep,
                     "pkey": 0xFFFF,
                     "state": "ready",
+                    "provider": "ibacmp",
                     "addresses": [{"type": "ip", "address": f"10.0.{n}.1/24"}],
                     "groups": self.groups[ep],
                     "cache": list(cache.values()),

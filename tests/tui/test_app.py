@@ -66,7 +66,8 @@ async def test_shows_endpoints_ports_groups_and_cache_of_a_real_daemon(cluster: 
         assert "● connected to node1 (ibacm" in status(app)
         endpoint = table(app, "endpoint-table").shown["mlx5_0/1/0xffff"]
         assert endpoint[1:3] == ("0xffff", "ready")
-        assert "10.0.0.1/16" in endpoint[3] and "node1" in endpoint[3]
+        assert endpoint[3] == "ibacmp"  # the provider, with where it came from in snapshots
+        assert "10.0.0.1/16" in endpoint[4] and "node1" in endpoint[4]
         assert table(app, "ports").shown["mlx5_0/1"][:2] == ("mlx5_0/1", "ACTIVE")
         group = table(app, "group-table").shown[f"mlx5_0/1/0xffff|{MGID}"]
         assert group[1] == MGID and group[5] == "joined" and group[2].startswith("0xc0")
@@ -81,13 +82,13 @@ async def test_numbers_move_cell_by_cell_under_a_workload(cluster: SimCluster) -
     async with app.run_test(size=SIZE) as pilot:
         await connected(pilot, app)
         endpoints = table(app, "endpoint-table")
-        before = int(endpoints.shown["mlx5_0/1/0xffff"][6])
+        before = int(endpoints.shown["mlx5_0/1/0xffff"][7])
         rows_before = list(endpoints.rows)
         with BackgroundWorkload(cluster.client_socket("node1"), "node1", ["node2"]) as work:
             work.wait_for(5)
             await until(
                 pilot,
-                lambda: int(endpoints.shown["mlx5_0/1/0xffff"][6]) >= before + 5,
+                lambda: int(endpoints.shown["mlx5_0/1/0xffff"][7]) >= before + 5,
                 "the resolve count to move",
             )
             await pilot.press("4")

@@ -31,6 +31,7 @@ def snapshot(**endpoint: Any) -> dict[str, Any]:
                 "id": EP,
                 "pkey": 0xFFFF,
                 "state": "ready",
+                "provider": "ibacmp",
                 "addresses": [{"type": "ip", "address": "10.0.0.1/16"}, {"address": "node1"}],
                 "groups": [
                     {"mgid": "ff15::", "mlid": 0xC001, "rate": 3, "mtu": 4, "state": "joined"}
@@ -63,7 +64,7 @@ def test_snapshot_becomes_rows() -> None:
         )
     )
     assert model.endpoint_rows() == {
-        EP: (EP, "0xffff", "ready", "10.0.0.1/16, node1", "1", "1", "10", "80.0%")
+        EP: (EP, "0xffff", "ready", "ibacmp", "10.0.0.1/16, node1", "1", "1", "10", "80.0%")
     }
     assert model.group_rows() == {
         f"{EP}|ff15::": (EP, "ff15::", "0xc001", "10 Gb/s", "2048", "joined")
@@ -151,7 +152,7 @@ def test_stats_give_rates_and_hit_rates() -> None:
         event("stats", 15.0, counters={"resolve": 13, "route_cache": 11}, endpoints={EP: [0, 13]})
     )
     assert model.resolves_per_second[-1] == 10.0
-    assert model.endpoint_rows()[EP][6] == "13"
+    assert model.endpoint_rows()[EP][7] == "13"
 
 
 def test_dropped_marker_asks_for_a_snapshot() -> None:
