@@ -273,7 +273,10 @@ _BLOCKS: tuple[_Block, ...] = (
     ),
     _Block(
         "provider_lib_path",
-        ("Directory from which the C daemon loads provider libraries.",),
+        (
+            "Directory of provider libraries built for rdma-core (acm_prov.h): both daemons",
+            "load them; this one with --fabric hw.",
+        ),
         active=False,
     ),
 )

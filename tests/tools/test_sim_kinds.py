@@ -88,12 +88,13 @@ def test_down_stops_c_and_hw_nodes_and_their_devices(tmp_path: Path) -> None:
     assert up.returncode == 0, up.stdout + up.stderr
     pids = json.loads((root / "pids.json").read_text())
     started = [*pids["nodes"].values(), *pids["devices"].values(), pids["hub"]]
-    assert len(started) == 5 and all(alive(pid) for pid in started)
+    assert len(started) == 5 and all(alive(pid) for pid in started), (pids, up.stdout)
     for node in ("node1", "node2"):
         assert (root / node / "ibacm-unix.sock").exists()
         assert (root / node / "emu.sock").exists()
     # The C node's lock file is its /run/ibacm.pid: the node directory is its /run.
-    assert int((root / "node1" / "ibacm.pid").read_text().split()[0]) == pids["nodes"]["node1"]
+    lock = (root / "node1" / "ibacm.pid").read_text()
+    assert int(lock.split()[0]) == pids["nodes"]["node1"], (lock, pids)
     down = subprocess.run(
         [*command, "down", "--dir", str(root)], capture_output=True, text=True, timeout=60
     )
@@ -101,5 +102,6 @@ def test_down_stops_c_and_hw_nodes_and_their_devices(tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in started if alive(pid)]
-    assert not list(root.rglob("*.sock")) and not list(root.rglob("*.pid"))
+    assert not [pid for pid in started if alive(pid)], (pids, down.stdout)
+    left = [*root.rglob("*.sock"), *root.rglob("*.pid")]
+    assert not left, left
