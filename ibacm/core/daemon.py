@@ -163,6 +163,8 @@ class Daemon:
         self.bus = EventBus()
         self.services = DaemonServices(self.options, self.counters, self.bus)
         self.provider_entries = list(providers) if providers is not None else None
+        self.c_bridge: object | None = None
+        """The core of provider libraries (ibacm.cprov), when any is loaded."""
         self.providers = ProviderSet({})
         self.addr_file = AddressFile(addr_file, support_ips=self.options.support_ips_in_addr_cfg)
         self.topology = Topology(self.tap, self.providers, self.services, self.addr_file)
@@ -251,7 +253,7 @@ class Daemon:
         if entries is None:
             entries, _ = discover_providers()
             prefer_library = self.options.provider_prefer is ProviderPrefer.LIBRARY
-            libraries = self._provider_libraries()
+            libraries = await self._provider_libraries_if_devices()
             entries = merge_libraries(entries, libraries, prefer_library=prefer_library)
         default, rules = provider_choice(self.options, entries)
         self.providers = ProviderSet.create(entries, self.services, default=default, rules=rules)
@@ -267,25 +269,37 @@ class Daemon:
         if not names:
             log.error("no provider loaded: ports will have no endpoints")
 
+    async def _provider_libraries_if_devices(self) -> list[ProviderEntry]:
+        """A library's constructor runs at load time (rdma-core's opens umad, starts a
+        thread): with no device the daemon stops anyway, so nothing is loaded then."""
+        if self.tap.offers_verbs:
+            try:
+                await self.tap.open()
+            except NoDevicesError:
+                return []  # the topology reports it, as before
+        return self._provider_libraries()
+
     def _provider_libraries(self) -> list[ProviderEntry]:
         """The providers built for rdma-core's ibacm in ``provider_lib_path`` (ibacm/cprov)."""
         directory = Path(self.options.provider_lib_path)
+        if not directory.is_dir() or not any(directory.glob("*.so")):
+            return []
         if not self.tap.offers_verbs:
-            if directory.is_dir() and any(directory.glob("*.so")):
-                log.info(
-                    "provider libraries not loaded: they need libibverbs devices (--fabric hw)",
-                    path=str(directory),
-                )
+            log.info(
+                "provider libraries not loaded: they need libibverbs devices (--fabric hw)",
+                path=str(directory),
+            )
             return []
         from ibacm.cprov.provider import CoreBridge, CProviderError, discover_c_providers
 
         try:
             token = trio.lowlevel.current_trio_token()
-            bridge = CoreBridge(self.services, token, self.opts_file or "")
+            # Kept for the daemon's life: the libraries' threads call its callbacks until exit.
+            self.c_bridge = CoreBridge(self.services, token, self.opts_file or "")
         except (CProviderError, OSError) as exc:
             log.error("provider libraries not loaded", path=str(directory), reason=str(exc))
             return []
-        loaded, _ = discover_c_providers(directory, bridge)
+        loaded, _ = discover_c_providers(directory, self.c_bridge)
         return [ProviderEntry(lib.name, lib.cls, str(lib.path)) for lib in loaded]
 
     async def _start_admin(self, root: trio.Nursery) -> None:
