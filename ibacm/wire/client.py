@@ -811,10 +811,10 @@ class FramingError(WireError):
 
 
 def _allowed_request_length(op: int, length: int) -> bool:
-    if op == AcmOp.PERF_QUERY:
-        return length == HDR_LEN or PERF_ADDR_LEN <= length <= MSG_MAX
-    if op == AcmOp.EP_QUERY:
-        return length == HDR_LEN
+    # rdma-core's server takes any message it received whole (length == bytes received, at
+    # most 592) and lets the handler read what it needs: a PERF_QUERY shorter than 88 bytes
+    # has no SOURCE entry, an EP_QUERY longer than 16 carries bytes nobody reads.
+    del op
     return HDR_LEN <= length <= MSG_MAX
 
 
@@ -836,8 +836,9 @@ class ClientFramer:
 
     ``feed`` bytes as they arrive, then call ``next_frame`` until it returns None. Requests
     (the default, server side) are framed with the server's length rule (``request_length``:
-    little-endian only for opcode byte 0x01) and must be 16..592 bytes; a PERF_QUERY must be
-    16 or at least 88 bytes and an EP_QUERY exactly 16, which is all any client sends.
+    little-endian only for opcode byte 0x01) and must be 16..592 bytes, whatever the operation,
+    as rdma-core's server accepts them (a PERF_QUERY of 40 bytes is a global one, an EP_QUERY
+    of 88 bytes an EP_QUERY).
     With ``replies=True`` (client side) the client rule applies (little-endian iff the op is
     RESOLVE) and EP_QUERY replies may be up to 65535 bytes.
 

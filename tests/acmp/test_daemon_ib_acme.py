@@ -151,3 +151,30 @@ def test_names_and_path_forms(sim: Sim) -> None:
     by_lid = ib_acme(sim, "-f", "l", "-s", str(sim.lid("node1")), "-d", str(sim.lid("node4")))
     assert by_lid.returncode == 0, by_lid.stdout
     assert f"dlid: {sim.lid('node4')}" in [line.strip() for line in by_lid.stdout.splitlines()]
+
+
+def ask_raw(sim: Sim, request: bytes) -> bytes:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(sim.socket)
+        sock.sendall(request)
+        return sock.recv(65536)
+
+
+@pytest.mark.parametrize(("op", "length"), [(2, 40), (3, 88)])
+def test_queries_of_other_lengths_are_answered_as_rdma_core_answers_them(
+    sim: Sim, op: int, length: int
+) -> None:
+    """A PERF_QUERY of 40 bytes is a global one (no SOURCE entry fits); an EP_QUERY of 88
+    bytes is an EP_QUERY: the reply is the one to the 16-byte request."""
+    index = 1 if op == 3 else 0
+
+    def request(size: int) -> bytes:
+        return bytes([1, op, 0, index, 0, 0]) + size.to_bytes(2, "big") + bytes(size - 8)
+
+    reference = ask_raw(sim, request(16))
+    answered = ask_raw(sim, request(length))
+    assert answered and answered == reference
+    assert answered[1] == 0x80 | op and answered[2] == 0  # ACK, status success

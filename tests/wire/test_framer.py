@@ -94,8 +94,8 @@ def test_partial_message_stays_buffered() -> None:
             FramingFault.BAD_LENGTH,
             "4096 is not valid for a PERF",
         ),
-        (bytes.fromhex("0102000000000030"), FramingFault.BAD_LENGTH, "length 48"),
-        (bytes.fromhex("0103000000000058"), FramingFault.BAD_LENGTH, "EP_QUERY request"),
+        (bytes.fromhex("010200000000000f"), FramingFault.BAD_LENGTH, "length 15"),
+        (bytes.fromhex("0103000000000251"), FramingFault.BAD_LENGTH, "EP_QUERY request"),
         # 0x81 is framed big-endian by the server: 0x5800 bytes is far too long.
         (bytes.fromhex("0181000000005800"), FramingFault.BAD_LENGTH, "length 22528"),
     ],
@@ -141,3 +141,12 @@ def test_reply_mode_frames_large_ep_replies_and_resolve_replies() -> None:
     bad.feed(bytes.fromhex("0182000000000014"))
     with pytest.raises(FramingError, match="length 20 is not valid for a PERF_QUERY reply"):
         bad.next_frame()
+
+
+@pytest.mark.parametrize(("op", "length"), [(2, 40), (2, 48), (3, 88), (3, 592)])
+def test_perf_and_ep_queries_of_any_whole_length_are_framed(op: int, length: int) -> None:
+    """rdma-core's server answers them (it reads what it needs of a whole message)."""
+    request = bytes([1, op, 0, 0, 1, 0]) + length.to_bytes(2, "big") + bytes(length - 8)
+    framer = ClientFramer()
+    framer.feed(request + request)
+    assert framer.next_frame() == request and framer.next_frame() == request
