@@ -8,10 +8,13 @@ One ``Poller`` task reads all client sockets (epoll); each connection frames its
 answers what is at hand (a cache hit) on the spot, in one write; a request that has to wait
 gets a task in the connection's nursery. A writer task per connection sends queued replies
 in REQUEST order, each with one ``send_all`` of the whole reply (ib_acme
-reads a reply with a single recv()). Replies waiting to be written sit in a bounded queue: a
-client that sends requests but never reads fills it and is dropped with a log line, while
-everybody else is served as usual. A malformed stream is closed exactly where the C server
-closes (client-protocol.md §8) after the replies to its earlier requests were sent.
+reads a reply with a single recv()). A client may pipeline as many requests as it likes: with
+``max_pending`` replies owed, its connection stops reading (the kernel then holds its further
+requests back) until the writer has caught up. Only a client that stops reading is dropped,
+with a log line: when one reply cannot be written for ``stall_timeout`` seconds, or its
+unwritten replies pass ``MAX_UNSENT_BYTES``; everybody else is served as usual. A malformed
+stream is closed exactly where the C server closes (client-protocol.md §8) after the replies to
+its earlier requests were sent.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import math
 import os
 import select
 import socket
@@ -35,7 +39,11 @@ from ibacm.wire.errors import WireError
 log = get_logger("ibacm.clients")
 
 MAX_PENDING_REPLIES = 256
-"""Replies one connection may have outstanding before it counts as not reading."""
+"""Replies one connection may owe before it stops reading that client's requests for a while."""
+STALL_TIMEOUT = 10.0
+"""Seconds one reply may wait for the client's socket to drain before the client is dropped."""
+MAX_UNSENT_BYTES = 4 << 20
+"""Bytes of ready but unwritten replies one connection may hold before it is dropped."""
 RECEIVE_SIZE = 4 * MSG_MAX
 _ACCEPT_RETRY = 0.1
 _TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -55,7 +63,7 @@ class _Reply:
 
 
 class _Overrun(Exception):
-    """The client does not read its replies."""
+    """The client does not read its replies (too many unwritten bytes)."""
 
 
 def peer_name(stream: trio.SocketStream, number: int) -> str:
@@ -83,6 +91,7 @@ class Connection:
         name: str,
         *,
         max_pending: int = MAX_PENDING_REPLIES,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self.stream = stream
         self.dispatcher = dispatcher
@@ -90,7 +99,14 @@ class Connection:
         self.requests = 0
         self._fd = stream.socket.fileno()
         self._framer = ClientFramer()
-        self._send, self._receive = trio.open_memory_channel[_Reply](max_pending)
+        self._max_pending = max_pending
+        self._stall_timeout = stall_timeout
+        # Unbounded: the bound is reading (``_paused``), not a full queue.
+        self._send, self._receive = trio.open_memory_channel[_Reply](math.inf)
+        self._paused = False
+        """Reading stopped for now: ``max_pending`` replies are owed (flow control)."""
+        self._unsent = 0
+        """Bytes of ready replies not yet written."""
         self._nursery: trio.Nursery | None = None
         self._poller: Poller | None = None
         self._reading = True
@@ -154,21 +170,29 @@ class Connection:
         if not data:
             self.stop_reading()
             return
+        self._take_guarded(data)
+
+    def _take_guarded(self, data: bytes) -> None:
         try:
             self._take(data)
         except _Overrun:
-            log.warning(
-                "client dropped: it does not read its replies",
-                client=self.name,
-                outstanding=self._send.statistics().current_buffer_used,
-            )
-            self.abort()
+            self._drop("its unwritten replies pass the byte bound")
+
+    def _drop(self, why: str) -> None:
+        log.warning(
+            "client dropped: it does not read its replies",
+            client=self.name,
+            why=why,
+            owed=self._owed,
+            unsent_bytes=self._unsent,
+        )
+        self.abort()
 
     def _take(self, data: bytes) -> None:
         framer = self._framer
         try:
             framer.feed(data)
-            while (frame := framer.next_frame()) is not None:
+            while not self._paused and (frame := framer.next_frame()) is not None:
                 if not self._submit(frame):
                     self.stop_reading()
                     return
@@ -192,12 +216,33 @@ class Connection:
             return False
         try:
             self._send.send_nowait(reply)
-        except trio.WouldBlock:
-            raise _Overrun from None
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         self._owed += 1
+        if reply.data is not None:
+            self._count_unsent(len(reply.data))
+        if self._owed >= self._max_pending and not self._paused and self._poller is not None:
+            # Flow control: read no further until the writer caught up (see _wrote).
+            self._paused = True
+            self._poller.forget(self._fd, self)
         return True
+
+    def _count_unsent(self, size: int) -> None:
+        self._unsent += size
+        if self._unsent > MAX_UNSENT_BYTES:
+            raise _Overrun
+
+    def _wrote(self, size: int) -> None:
+        """One owed reply is written: resume reading once half of what is owed went out."""
+        self._owed -= 1
+        self._unsent -= size
+        if not self._paused or self._owed > self._max_pending // 2 or not self._reading:
+            return
+        self._paused = False
+        self._take_guarded(b"")  # requests already read and framed come first
+        if self._reading and not self._paused and self._poller is not None:
+            self.flush()
+            self._poller.watch(self._fd, self)
 
     def _submit(self, frame: bytes) -> bool:
         """Answer or queue the request's reply; False when the connection must read no
@@ -265,6 +310,11 @@ class Connection:
             log.exception("request failed; closing the connection", client=self.name)
             data = None
         reply.set(data)
+        if data is not None:
+            try:
+                self._count_unsent(len(data))
+            except _Overrun:
+                self._drop("its unwritten replies pass the byte bound")
 
     async def _writer(self) -> None:
         async with self._receive:
@@ -273,13 +323,17 @@ class Connection:
                 if reply.data is None:
                     self.abort()
                     return
-                try:
-                    await self.stream.send_all(reply.data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    log.debug("client went away before its reply", client=self.name)
-                    self.abort()
+                with trio.move_on_after(self._stall_timeout) as stalled:
+                    try:
+                        await self.stream.send_all(reply.data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        log.debug("client went away before its reply", client=self.name)
+                        self.abort()
+                        return
+                if stalled.cancelled_caught:
+                    self._drop(f"its socket did not drain for {self._stall_timeout:g} s")
                     return
-                self._owed -= 1
+                self._wrote(len(reply.data))
 
 
 def _done(data: bytes | None) -> _Reply:
@@ -347,9 +401,16 @@ class Poller:
 class ClientServer:
     """Accepts clients on the listeners and serves each in its own connection."""
 
-    def __init__(self, dispatcher: Dispatcher, *, max_pending: int = MAX_PENDING_REPLIES) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        max_pending: int = MAX_PENDING_REPLIES,
+        stall_timeout: float = STALL_TIMEOUT,
+    ) -> None:
         self.dispatcher = dispatcher
         self.max_pending = max_pending
+        self.stall_timeout = stall_timeout
         self.connections: set[Connection] = set()
         self.accepted = 0
         self._accept_scope = trio.CancelScope()
@@ -403,7 +464,13 @@ class ClientServer:
     async def _serve_one(self, stream: trio.SocketStream) -> None:
         self.accepted += 1
         name = peer_name(stream, next(self._numbers))
-        connection = Connection(stream, self.dispatcher, name, max_pending=self.max_pending)
+        connection = Connection(
+            stream,
+            self.dispatcher,
+            name,
+            max_pending=self.max_pending,
+            stall_timeout=self.stall_timeout,
+        )
         self.connections.add(connection)
         self._idle = trio.Event()
         log.debug("client connected", client=name)

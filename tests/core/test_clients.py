@@ -98,7 +98,7 @@ async def test_answers_at_hand_never_overtake_a_waiting_one(tmp_path: Path) -> N
         (bytes([2, 2, 0, 0, 0, 0, 0, 16]) + bytes(8), None),  # version 2
         (bytes([1, 5, 0, 0, 0, 0, 0, 16]) + bytes(8), None),  # opcode 5
         (bytes([1, 1, 0, 0, 0, 0, 0x60, 0x02]) + bytes(8), None),  # RESOLVE of 608 bytes
-        (bytes([1, 3, 0, 0, 0, 0, 0, 88]) + bytes(80), None),  # EP_QUERY must be 16
+        (bytes([1, 3, 0, 0, 0, 2, 0x02, 0x58]) + bytes(592), None),  # EP_QUERY of 600 bytes
         (bytes([1, 1, 0, 0, 0, 0, 8, 0]), AcmStatus.EINVAL),  # RESOLVE shorter than 16
         # Opcode byte 0x81 on a request: framed big-endian (server rule), undecodable.
         (bytes([1, 0x81, 0, 0, 0, 0, 0, 88]) + bytes(80), None),
@@ -120,6 +120,36 @@ async def test_bad_request_closes_only_the_offender(
         assert decode_ep_reply(await good.request(EP1))[0].status == 0
         await good.aclose()
         await offender.aclose()
+
+
+@pytest.mark.trio
+async def test_2000_pipelined_uncached_requests_on_one_reading_connection(tmp_path: Path) -> None:
+    """A client that reads is never dropped, however far ahead it sends: the daemon stops
+    reading it while 256 replies are owed, and every answer comes back in request order."""
+    async with sim_daemon(tmp_path) as run:
+        client = await AcmClient.unix(run.unix_socket)
+        requests = []
+        for number in range(2000):
+            # Different delays: the resolutions finish out of order, never from a cache.
+            dest = EpAddr.from_name(f"slow-{(number % 7) / 200:.3f}", EpFlag.DEST)
+            message = AcmMessage(
+                AcmHdr(opcode=AcmOp.RESOLVE, tid=number), [dest, EpAddr.from_ip("10.0.0.1", 1)]
+            )
+            requests.append(message.encode())
+        replies: list[AcmHdr] = []
+
+        async def read_all() -> None:
+            while len(replies) < len(requests):
+                replies.append(AcmHdr.decode(await client.receive()))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_all)
+                await client.send(b"".join(requests))
+        assert [reply.tid for reply in replies] == list(range(2000))
+        assert all(reply.status == AcmStatus.ENODATA for reply in replies)
+        assert run.daemon.clients.active == 1  # still connected
+        await client.aclose()
 
 
 @pytest.mark.trio
