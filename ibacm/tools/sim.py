@@ -31,7 +31,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,8 +44,9 @@ from ibacm.fabric.sim.faults import Faults, FaultSettingError
 from ibacm.fabric.sim.hub import hub_call
 from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.tools import sim_kinds
+from ibacm.tools import sim_exec, sim_kinds
 from ibacm.tools.sim_kinds import KindError, NodeKind
+from ibacm.tools.sim_ns import NamespaceError
 
 CLIENT_SOCKET = "ibacm-unix.sock"
 ADMIN_SOCKET = "ibacm-admin.sock"
@@ -53,7 +54,8 @@ LOCK_FILE = "ibacm.pid"
 LOG_FILE = "ibacm.log"
 OPTS_FILE = "ibacm_opts.cfg"
 ADDR_FILE = "ibacm_addr.cfg"
-_REMOVABLE = (CLIENT_SOCKET, ADMIN_SOCKET, LOCK_FILE, "ibacm.sock", "ibacm-tcp.port", "ibacm.port")
+TCP_PORT_FILE = "ibacm-tcp.port"
+_REMOVABLE = (CLIENT_SOCKET, ADMIN_SOCKET, LOCK_FILE, "ibacm.sock", TCP_PORT_FILE, "ibacm.port")
 _SUN_PATH_MAX = 107
 _LOG_TAIL_LINES = 15
 
@@ -278,6 +280,9 @@ def opts_text(layout: Layout, node: str, args: argparse.Namespace, extra: str) -
         f"log_file {node_dir / LOG_FILE}",
         f"admin_socket {node_dir / ADMIN_SOCKET}",
         f"log_level {args.log_level}",
+        # In server_mode loop/open each node takes a port of its own (written to its
+        # ibacm-tcp.port); unix mode does not use it.
+        "server_port 0",
     ]
     if args.route_prot:
         lines.append(f"route_prot {args.route_prot}")
@@ -512,12 +517,45 @@ def _connectable(path: Path) -> bool:
     return True
 
 
-def _state(pid: int | None, marker: str, sock: Path) -> str:
+def _tcp_port(node_dir: Path) -> int | None:
+    """The TCP port a node serves on (server_mode loop/open), from its port file."""
+    try:
+        return int((node_dir / TCP_PORT_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tcp_connectable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _listening(node_dir: Path) -> list[str]:
+    """The client sockets and ports of a node that exist now."""
+    names = (CLIENT_SOCKET, "ibacm.sock")
+    found = [str(node_dir / name) for name in names if (node_dir / name).exists()]
+    port = _tcp_port(node_dir)
+    if port is not None:
+        found.append(f"127.0.0.1:{port}")
+    return found
+
+
+def _serving(node_dir: Path) -> bool:
+    if _connectable(node_dir / CLIENT_SOCKET):
+        return True
+    port = _tcp_port(node_dir)
+    return port is not None and _tcp_connectable(port)
+
+
+def _state(pid: int | None, marker: str, serving: Callable[[], bool]) -> str:
     if not pid:
         return "down"
     if not _alive(pid, marker):
         return "stopped"
-    return "running" if _connectable(sock) else "starting"
+    return "running" if serving() else "starting"
 
 
 def status_report(layout: Layout) -> dict[str, Any]:
@@ -534,7 +572,7 @@ def status_report(layout: Layout) -> dict[str, Any]:
         "hub": {
             "pid": hub_pid,
             "socket": str(layout.hub_socket),
-            "state": _state(hub_pid, _HUB_MARKER, layout.hub_socket),
+            "state": _state(hub_pid, _HUB_MARKER, partial(_connectable, layout.hub_socket)),
         },
         "nodes": [],
     }
@@ -561,8 +599,9 @@ def status_report(layout: Layout) -> dict[str, Any]:
                 "state": _state(
                     pid,
                     markers.get(host.name, _node_marker(host.name)),
-                    layout.client_socket(host.name),
+                    partial(_serving, layout.node_dir(host.name)),
                 ),
+                "listening": _listening(layout.node_dir(host.name)),
             }
         )
     return report
@@ -575,7 +614,7 @@ def _gid_text(topology: Topology, guid: int) -> str:
 def _print_status(report: dict[str, Any]) -> None:
     hub = report["hub"]
     print(f"hub  pid {hub['pid'] or '-'}  {hub['state']}  {hub['socket']}")
-    header = ("NODE", "KIND", "LID", "GID", "IPV4", "IPV6", "PID", "STATE", "SOCKET", "ADMIN")
+    header = ("NODE", "KIND", "LID", "GID", "IPV4", "IPV6", "PID", "STATE", "LISTENING", "ADMIN")
     rows = [header]
     for node in report["nodes"]:
         rows.append(
@@ -588,7 +627,7 @@ def _print_status(report: dict[str, Any]) -> None:
                 ",".join(node["ipv6"]) or "-",
                 str(node["pid"] or "-"),
                 node["state"],
-                node["socket"],
+                ",".join(node.get("listening", [])) or "-",
                 node["admin_socket"],
             )
         )
@@ -713,6 +752,27 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exec(args: argparse.Namespace) -> int:
+    layout = Layout(Path(args.dir).resolve())
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise SimToolError("exec needs a command: ibacm-sim exec --dir DIR NODE -- CMD ...")
+    try:
+        topology = Topology.from_json(layout.topology.read_text())
+        host = topology.host(args.node)
+    except FileNotFoundError as exc:
+        raise SimToolError(f"{layout.root} holds no simulated cluster (no topology.json)") from exc
+    kind = sim_kinds.kinds_of(_read_pids(layout)).get(args.node, NodeKind.SIM.value)
+    try:
+        argv, env = sim_exec.exec_command(
+            layout.node_dir(args.node), kind, host.hcas[0].node_guid, command, dict(os.environ)
+        )
+    except (KindError, NamespaceError) as exc:
+        raise SimToolError(str(exc)) from exc
+    sys.stdout.flush()
+    return sim_exec.run_exec(argv, env)
+
+
 def _port_target(args: argparse.Namespace) -> dict[str, Any]:
     return {"node": args.node, "device": args.device, "port": args.port}
 
@@ -821,6 +881,14 @@ def build_parser() -> argparse.ArgumentParser:
     rereg = sub.add_parser("reregister", help="send CLIENT_REREGISTER (to one node or all)")
     rereg.add_argument("--dir", required=True)
     rereg.add_argument("node", nargs="?")
+
+    run = sub.add_parser(
+        "exec",
+        help="run a command as if on a node: /run is the node's run directory (needs root)",
+    )
+    run.add_argument("--dir", required=True)
+    run.add_argument("node")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD [ARG ...]")
     return parser
 
 
@@ -838,6 +906,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _fault(args)
     if command == "stats":
         return _stats(args)
+    if command == "exec":
+        return _exec(args)
     if command == "flap":
         _hub(args, {"op": "port", **_port_target(args), "down_for": args.down_for})
     elif command in ("port-down", "port-up"):

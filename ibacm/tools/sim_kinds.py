@@ -79,6 +79,14 @@ def check_support(kinds: dict[str, NodeKind]) -> Path | None:
         raise KindError(str(exc).splitlines()[0]) from exc
 
 
+def check_emulation_library() -> Path:
+    """The emulated HCA's preload library, built if needed; KindError when it cannot be."""
+    try:
+        return ensure_library()
+    except EmuBuildError as exc:
+        raise KindError(str(exc).splitlines()[0]) from exc
+
+
 def addr_text_with_ips(topology: Topology, node: str) -> str:
     """An address file that also names the node's IP addresses (``support_ips_in_addr_cfg``).
 
