@@ -402,12 +402,19 @@ class _Setting:
     def warn(self, message: str) -> None:
         self.sink.warn(self.line, f"{self.key} {message}")
 
+    def error(self, message: str) -> None:
+        """An invalid value: the daemon does not start with it, a reload is refused."""
+        self.sink.error(self.line, f"{self.key} {message}")
+
     def c_int(self) -> int:
-        """The value as C ``atoi`` reads it, warning when that is not the number written."""
+        """The value as C ``atoi`` reads it; an error when that is not the number written."""
         number = cnumbers.atoi(self.value)
         problem = cnumbers.atoi_problem(self.value)
         if problem is not None:
-            self.warn(f"value {self.value!r} {problem}; using {number} (C atoi)")
+            self.error(
+                f"value {self.value!r} {problem} (accepted: an integer); "
+                f"the C daemon would silently use {number} (atoi)"
+            )
         return number
 
 
@@ -438,13 +445,17 @@ def _integer(
 
     def handle(opts: Options, s: _Setting) -> None:
         number = s.c_int()
+        accepted = f"{'' if minimum is None else minimum}..{'' if maximum is None else maximum}"
         if minimum is not None and number < minimum:
             used = minimum if fallback is None else fallback
-            s.warn(f"value {number} is below {minimum} and would not work; using {used}")
+            s.error(
+                f"value {number} is below {minimum} and would not work (accepted: {accepted}); "
+                f"the C daemon would use {number}"
+            )
             number = used
         elif maximum is not None and number > maximum:
             used = maximum if fallback is None else fallback
-            s.warn(f"value {number} is above {maximum}; using {used}")
+            s.error(f"value {number} is above {maximum} (accepted: {accepted})")
             number = used
         setattr(opts, name, number)
 
@@ -452,14 +463,17 @@ def _integer(
 
 
 def _timeout(name: str) -> _Handler:
-    """A timeout in ms: a negative value keeps the previous value (C behaviour is undefined)."""
+    """A timeout in ms, at least 1: with 0 or less no request could ever be answered."""
 
     def handle(opts: Options, s: _Setting) -> None:
         number = s.c_int()
-        if number < 0:
+        if number < 1:
             previous = getattr(opts, name)
             shown = "following timeout" if previous is None else str(previous)
-            s.warn(f"value {number} is negative; keeping {shown}")
+            s.error(
+                f"value {number} makes every request time out (accepted: 1.. milliseconds); "
+                f"the C daemon would use {number}; keeping {shown}"
+            )
             return
         setattr(opts, name, number)
 
@@ -470,7 +484,10 @@ def _lifetime(name: str) -> _Handler:
     def handle(opts: Options, s: _Setting) -> None:
         number = s.c_int()
         if number < -1:
-            s.warn(f"value {number} is negative: entries never expire, as with -1")
+            s.error(
+                f"value {number} is below -1 (accepted: -1 = never expire, or 0.. minutes); "
+                "the C daemon would never expire entries"
+            )
         setattr(opts, name, number)
 
     return handle
@@ -484,8 +501,9 @@ def _keyword(name: str, table: dict[str, enum.Enum]) -> _Handler:
         if chosen is None:
             previous = getattr(opts, name)
             allowed = ", ".join(sorted(table))
-            s.warn(
-                f"value {s.value!r} is not one of {allowed}; keeping {_keyword_of(table, previous)}"
+            s.error(
+                f"value {s.value!r} is not one of {allowed}; the C daemon would keep "
+                f"{_keyword_of(table, previous)}"
             )
             return
         setattr(opts, name, chosen)
@@ -500,8 +518,11 @@ def _keyword_of(table: dict[str, enum.Enum], value: enum.Enum) -> str:
 def _server_port(opts: Options, s: _Setting) -> None:
     number = s.c_int()
     port = number & 0xFFFF  # C: (short) atoi(), later bound as an unsigned 16-bit port
-    if not 1 <= number <= 0xFFFF:
-        s.warn(f"value {number} is not a TCP port (1-65535); using {port}, as the C daemon")
+    if not 0 <= number <= 0xFFFF:
+        s.error(
+            f"value {number} is not a TCP port (accepted: 0..65535, 0 = any free port); "
+            f"the C daemon would use {port}"
+        )
     opts.server_port = port
 
 
@@ -509,7 +530,7 @@ def _server_mode(opts: Options, s: _Setting) -> None:
     word = c_lower(s.value)
     modes = {"open": ServerMode.OPEN, "loop": ServerMode.LOOP, "unix": ServerMode.UNIX}
     if word not in modes:
-        s.warn(f"value {s.value!r} is not one of unix, loop, open; using unix (as C)")
+        s.error(f"value {s.value!r} is not one of unix, loop, open; the C daemon would use unix")
     opts.server_mode = modes.get(word, ServerMode.UNIX)
 
 
@@ -521,7 +542,10 @@ def _c_flag(opts: Options, s: _Setting) -> None:
     if word not in ("true", "yes", "false", "no") and (
         not number.converted or s.value[number.end :]
     ):
-        s.warn(f"value {s.value!r} is not yes/no/true/false or a number; using {_yes_no(flag)}")
+        s.error(
+            f"value {s.value!r} is not yes/no/true/false or a number; "
+            f"the C daemon would use {_yes_no(flag)}"
+        )
     opts.acme_plus_kernel_only = flag
 
 
@@ -542,7 +566,7 @@ def _yes_no_flag(name: str) -> _Handler:
         elif word in ("no", "false", "off", "0"):
             setattr(opts, name, False)
         else:
-            s.warn(f"value {s.value!r} is not yes or no; keeping {_yes_no(getattr(opts, name))}")
+            s.error(f"value {s.value!r} is not yes or no (accepted: yes, no, true, false, on, off)")
 
     return handle
 
@@ -551,7 +575,7 @@ def _min_mtu(opts: Options, s: _Setting) -> None:
     number = s.c_int()
     if number not in MTU_ENUM:
         allowed = ", ".join(str(size) for size in MTU_ENUM)
-        s.warn(f"value {s.value!r} is not one of {allowed}; using 2048 (as the C daemon)")
+        s.error(f"value {s.value!r} is not one of {allowed}; the C daemon would use 2048")
     opts.min_mtu = MTU_ENUM.get(number, DEFAULT_MTU_ENUM)
 
 
@@ -559,7 +583,7 @@ def _min_rate(opts: Options, s: _Setting) -> None:
     number = s.c_int()
     if number not in RATE_ENUM:
         allowed = ", ".join(str(rate) for rate in sorted(RATE_ENUM))
-        s.warn(f"value {s.value!r} is not one of {allowed}; using 10 (as the C daemon)")
+        s.error(f"value {s.value!r} is not one of {allowed}; the C daemon would use 10")
     opts.min_rate = RATE_ENUM.get(number, DEFAULT_RATE_ENUM)
 
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from ibacm import __version__
+from ibacm.config.errors import ConfigError
 from ibacm.core.events import Event, EventBus, Subscription
 from ibacm.log import get_logger
 from ibacm.wire import admin as wire
@@ -273,7 +274,16 @@ class _Session:
                 log.info("cache flushed", endpoint=args["endpoint"], dest=args["dest"], n=flushed)
                 return wire.ok_reply(request.id, {"flushed": flushed})
             case wire.Command.RELOAD:
-                await control.reload()
+                try:
+                    await control.reload()
+                except ConfigError as exc:
+                    problems = [str(issue) for issue in exc.issues]
+                    return wire.error_reply(
+                        request.id,
+                        "reload refused, configuration unchanged: " + "; ".join(problems),
+                        wire.ErrorCode.INVALID_CONFIG,
+                        {"problems": problems},
+                    )
                 log.info("configuration reloaded on admin request")
                 return wire.ok_reply(request.id, {"reloaded": True})
             case wire.Command.SET_LOG_LEVEL:

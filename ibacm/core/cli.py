@@ -21,7 +21,7 @@ from typing import NoReturn
 import trio
 
 from ibacm import __version__
-from ibacm.config.errors import ConfigIssue
+from ibacm.config.errors import ConfigIssue, errors_in
 from ibacm.config.options import Options, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, DEFAULT_OPTS_FILE
 from ibacm.core.daemon import Daemon
@@ -244,6 +244,13 @@ def serve(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     options, issues = load_options(args.opts_file)
+    errors = errors_in(issues)
+    if errors:
+        # Before daemonizing, on stderr: a terminal or systemd's journal shows each line.
+        for issue in errors:
+            print(f"ibacm: {issue}", file=sys.stderr)
+        print(f"ibacm: {len(errors)} invalid setting(s); not started", file=sys.stderr)
+        return 1
     if args.run_dir:
         options.run_dir = args.run_dir
     if args.capture:

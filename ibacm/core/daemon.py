@@ -29,7 +29,9 @@ from typing import Any
 import trio
 
 from ibacm import __version__
+from ibacm.config.addr_file import AddrEntry, parse_addr_file
 from ibacm.config.address_literals import classify
+from ibacm.config.errors import ConfigError, ConfigIssue, errors_in
 from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
@@ -362,6 +364,8 @@ class Daemon:
                         self.log_control.reopen()
                     try:
                         await self.reload()
+                    except ConfigError:
+                        pass  # each problem was logged; the running configuration stays
                     except Exception:
                         log.exception("reload failed; configuration unchanged")
                 else:
@@ -398,27 +402,59 @@ class Daemon:
 
     # -- DaemonControl -------------------------------------------------------------------------
     async def reload(self) -> None:
-        """Re-read the option and address files (SIGHUP / admin ``reload``)."""
+        """Re-read the option and address files (SIGHUP / admin ``reload``).
+
+        Both files are parsed and checked first; any invalid value, unparsable address line,
+        or an address file that would leave no endpoint refuses the whole reload
+        (``ConfigError`` with every problem) and the running configuration stays."""
         async with self._reload_lock:
-            new = self._read_options()
+            new, problems = self._read_options()
+            entries, address_problems = self._read_addresses(new)
+            problems += address_problems
+            if not problems and entries is not None:
+                path = self.addr_file.path
+                problems += await self.topology.would_leave_no_endpoint(entries, path)
+            if problems:
+                for problem in problems:
+                    log.error("reload refused; configuration unchanged", problem=str(problem))
+                raise ConfigError(problems)
             self._keep_restart_options(new)
             old, self.options = self.options, new
             self.services.options = new
             self._apply_logging(old, new)
             self.topology.apply_sa_depth(new.sa_depth)
             self.addr_file.support_ips = new.support_ips_in_addr_cfg
-            await self.topology.reload_addresses()
+            await self.topology.reload_addresses(entries)
             log.info(
                 "configuration reloaded", opts_file=self.opts_file, addr_file=self.addr_file.path
             )
 
-    def _read_options(self) -> Options:
+    def _read_options(self) -> tuple[Options, list[ConfigIssue]]:
         if self.opts_file is None:
-            return dataclasses.replace(self.options)
+            return dataclasses.replace(self.options), []
         options, issues = load_options(self.opts_file)
         for issue in issues:
-            log.warning("option file", problem=str(issue))
-        return self._with_overrides(options)
+            if issue.severity != "error":
+                log.warning("option file", problem=str(issue))
+        return self._with_overrides(options), errors_in(issues)
+
+    def _read_addresses(
+        self, options: Options
+    ) -> tuple[list[AddrEntry] | None, list[ConfigIssue]]:
+        """The address file's entries as the new options read it (None: the file is gone,
+        and the topology handles that as it always did), and its errors."""
+        path = self.addr_file.path
+        try:
+            text = Path(path).read_bytes().decode("utf-8", "surrogateescape")
+        except FileNotFoundError:
+            return None, []
+        except OSError as exc:
+            return None, [ConfigIssue(path, 0, f"cannot read: {exc.strerror or exc}", "error")]
+        entries, issues = parse_addr_file(text, path, options.support_ips_in_addr_cfg)
+        for issue in issues:
+            if issue.severity != "error":
+                log.warning("address file", problem=str(issue))
+        return entries, errors_in(issues)
 
     def _keep_restart_options(self, new: Options) -> None:
         for name in RESTART_OPTIONS:

@@ -519,10 +519,37 @@ class Topology:
         return None
 
     # -- reload --------------------------------------------------------------------------------
-    async def reload_addresses(self) -> None:
-        """Make every endpoint's addresses what the system and the address file now say."""
+    async def would_leave_no_endpoint(
+        self, entries: Sequence[AddrEntry], path: str
+    ) -> list[ConfigIssue]:
+        """A reload problem when ``entries`` would take every address of every endpoint away
+        (an address file emptied or for another host) while endpoints exist now."""
+        ports = [p for p in up_ports(self.devices) if p.attrs is not None and p.provider]
+        if not any(port.endpoints for port in ports):
+            return []
+        interfaces = await self._interfaces()
+        for port in ports:
+            assert port.attrs is not None
+            for pkey in endpoint_pkeys(port.attrs):
+                specs, _ = endpoint_specs(
+                    device=port.device.name,
+                    attrs=port.attrs,
+                    pkey=pkey,
+                    interfaces=interfaces,
+                    entries=list(entries),
+                )
+                if specs:
+                    return []
+        message = "no address in it matches a port of this host: every endpoint would go"
+        return [ConfigIssue(path, 0, message, "error")]
+
+    async def reload_addresses(self, entries: Sequence[AddrEntry] | None = None) -> None:
+        """Make every endpoint's addresses what the system and the address file now say
+        (``entries``: the file as the caller already read and checked it)."""
         async with self.lock:
-            if not self.addr_file.load():
+            if entries is not None:
+                self.addr_file.entries = list(entries)
+            elif not self.addr_file.load():
                 log.warning("address file missing on reload; keeping no file addresses")
                 self.addr_file.entries = []
             interfaces = await self._interfaces()

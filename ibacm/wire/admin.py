@@ -76,6 +76,8 @@ class ErrorCode(enum.StrEnum):
     BAD_ARGUMENT = "bad_argument"
     FAILED = "failed"
     BUSY = "busy"
+    INVALID_CONFIG = "invalid_config"
+    """A reload was refused: ``result.problems`` lists each problem (file:line: key ...)."""
 
 
 class EventKind(enum.StrEnum):
@@ -403,7 +405,7 @@ def parse_server_message(line: bytes) -> ServerMessage:
     return Reply(
         request_id,
         False,
-        None,
+        raw.get("result"),  # details of the error, when the server gave any
         error if isinstance(error, str) else repr(error),
         code if isinstance(code, str) else None,
         version,

@@ -162,9 +162,9 @@ def test_integers_follow_c_atoi(value: str, expected: int, warned: bool) -> None
         assert messages(issues) == [
             f"{PATH}:2: log_level value {value!r} "
             + ("has trailing characters after the number" if expected else "is not a number")
-            + f"; using {expected} (C atoi)"
+            + f" (accepted: an integer); the C daemon would silently use {expected} (atoi)"
         ]
-        assert issues[0].severity == "warning"
+        assert issues[0].severity == "error"  # the daemon does not start, a reload is refused
     else:
         assert issues == []
 
@@ -251,9 +251,9 @@ def test_invalid_min_mtu_and_rate_fall_back_like_c_but_are_reported() -> None:
     assert (opts.min_mtu, opts.min_rate) == (4, 3)  # 2048 and 10, as C
     text = messages(issues)
     assert text[0].startswith(f"{PATH}:3: min_mtu value '1500' ")
-    assert text[0].endswith("using 2048 (as the C daemon)")
+    assert text[0].endswith("the C daemon would use 2048")
     assert text[1].startswith(f"{PATH}:4: min_rate value '15' ")
-    assert text[1].endswith("using 10 (as the C daemon)")
+    assert text[1].endswith("the C daemon would use 10")
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,8 @@ def test_unknown_keyword_keeps_previous_value(
     assert getattr(opts, attribute) == expected
     assert len(issues) == 1 and issues[0].line == 2
     assert "'bogus' is not one of" in issues[0].message
-    assert f"keeping {good}" in issues[0].message
+    assert f"the C daemon would keep {good}" in issues[0].message
+    assert issues[0].severity == "error"
 
 
 def test_preload_no_means_none() -> None:
@@ -330,7 +331,8 @@ def test_server_mode(value: str, mode: ServerMode, warned: bool) -> None:
 def test_server_port_is_truncated_to_16_bits_like_c_with_a_warning() -> None:
     opts, issues = parse("server_port 70000\n")
     assert opts.server_port == 70000 - 65536
-    assert "using 4464" in issues[0].message
+    assert "the C daemon would use 4464" in issues[0].message
+    assert issues[0].severity == "error"
 
 
 def test_settings_that_would_stall_the_daemon_are_raised() -> None:
@@ -338,7 +340,8 @@ def test_settings_that_would_stall_the_daemon_are_raised() -> None:
     assert (opts.sa_depth, opts.resolve_depth, opts.send_depth, opts.recv_depth) == (1, 1, 1, 1)
     assert opts.retries == 0
     assert [issue.line for issue in issues] == [1, 2, 3, 4, 5]
-    assert "using 1" in issues[0].message
+    assert "below 1 and would not work (accepted: 1..)" in issues[0].message
+    assert {issue.severity for issue in issues} == {"error"}
 
 
 def test_negative_timeout_keeps_previous() -> None:

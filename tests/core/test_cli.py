@@ -320,3 +320,28 @@ def test_systemd_rejects_a_socket_that_is_not_listening(tmp_path: Path) -> None:
         )
     assert result.returncode == 1
     assert "neither a listening stream socket nor a netlink socket" in result.stderr
+
+
+@pytest.mark.parametrize("foreground", [True, False])
+def test_invalid_values_stop_the_daemon_at_start_with_each_line(
+    tmp_path: Path, foreground: bool
+) -> None:
+    opts = write_opts(tmp_path, "mystery_key 1", "timeout banana", "retries -5")
+    result = run_cli(*(["-P"] if foreground else []), "-O", str(opts))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"ibacm: {opts}:6: timeout value 'banana' is not a number (accepted: an integer); "
+        "the C daemon would silently use 0 (atoi)",
+        f"ibacm: {opts}:6: timeout value 0 makes every request time out (accepted: 1.. "
+        "milliseconds); the C daemon would use 0; keeping 2000",
+        f"ibacm: {opts}:7: retries value -5 is below 0 and would not work (accepted: 0..); "
+        "the C daemon would use -5",
+        "ibacm: 3 invalid setting(s); not started",
+    ]
+    assert not (tmp_path / "run" / "ibacm.pid").exists()
+
+
+def test_an_unknown_key_alone_does_not_stop_the_daemon(tmp_path: Path) -> None:
+    # It may belong to another provider: the daemon goes on (here to find no device).
+    result = run_cli("-P", "-O", str(write_opts(tmp_path, "mystery_key 1")))
+    assert "invalid setting" not in result.stderr

@@ -163,3 +163,67 @@ async def test_capture_started_and_stopped_through_the_admin_socket(tmp_path: Pa
         assert stopped.ok and not stopped.result["active"]
         await admin.stream.aclose()
     assert parse_pcap(capture.read_bytes()).packets
+
+
+@pytest.mark.trio
+async def test_a_broken_option_file_never_replaces_a_working_one(tmp_path: Path) -> None:
+    """The reported case: 'timeout banana' and 'retries -5' appended, then a reload. The
+    reload is refused as a whole, with every problem (file:line, key, accepted range, what C
+    would have done), and the running configuration stays."""
+    opts = tmp_path / "ibacm_opts.cfg"
+    options = make_options(tmp_path)
+    good = f"run_dir {options.run_dir}\nprovider testprov default\ntimeout 700\nlog_level 1\n"
+    opts.write_text(good)
+    async with sim_daemon(tmp_path, options=options, opts_file=str(opts), admin=True) as run:
+        daemon = run.daemon
+        admin = await AdminClient.connect(run)
+        assert (await admin.call(wire.Command.RELOAD)).ok
+        assert daemon.options.timeout == 700
+        opts.write_text(good + "log_level 2\nmystery_key 1\ntimeout banana\nretries -5\n")
+        reply = await admin.call(wire.Command.RELOAD)
+        assert not reply.ok and reply.code == wire.ErrorCode.INVALID_CONFIG
+        problems = reply.result["problems"]
+        assert problems == [
+            f"{opts}:7: timeout value 'banana' is not a number (accepted: an integer); "
+            "the C daemon would silently use 0 (atoi)",
+            f"{opts}:7: timeout value 0 makes every request time out (accepted: 1.. "
+            "milliseconds); the C daemon would use 0; keeping 700",
+            f"{opts}:8: retries value -5 is below 0 and would not work (accepted: 0..); "
+            "the C daemon would use -5",
+        ]
+        assert reply.error is not None and reply.error.startswith("reload refused")
+        # Nothing of the file was taken, not even its valid lines.
+        assert (daemon.options.timeout, daemon.options.retries) == (700, options.retries)
+        assert daemon.options.log_level == 1
+        # An unknown key alone is a warning (it may belong to another provider).
+        opts.write_text(good + "mystery_key 1\n")
+        assert (await admin.call(wire.Command.RELOAD)).ok
+        await admin.stream.aclose()
+
+
+@pytest.mark.trio
+async def test_an_address_file_that_breaks_or_empties_every_endpoint_is_refused(
+    tmp_path: Path,
+) -> None:
+    async with sim_daemon(tmp_path, addr_lines=["node1 mlx5_0 1 default"], admin=True) as run:
+        admin = await AdminClient.connect(run)
+        addr = tmp_path / "ibacm_addr.cfg"
+        endpoint = run.daemon.topology.devices[0].ports[0].endpoints[0]
+        before = [slot.core.display for slot in endpoint.addresses()]
+        addr.write_text("node1 mlx5_0\n")  # does not parse
+        reply = await admin.call(wire.Command.RELOAD)
+        assert reply.code == wire.ErrorCode.INVALID_CONFIG
+        assert "expected 4 fields" in reply.result["problems"][0]
+        # Without its IPoIB addresses the node's one endpoint lives on the file's name only.
+        for address in (*run.world.node("node1").ipv4, *run.world.node("node1").ipv6):
+            run.world.remove_address("node1", address)
+        with trio.fail_after(5):
+            while any(slot.core.type != AddrType.NAME for slot in endpoint.addresses()):
+                await trio.sleep(0.01)
+        before = [slot.core.display for slot in endpoint.addresses()]
+        addr.write_text("othernode mlx5_9 1 default\n")  # parses, matches no port here
+        reply = await admin.call(wire.Command.RELOAD)
+        assert reply.code == wire.ErrorCode.INVALID_CONFIG
+        assert "every endpoint would go" in reply.result["problems"][0]
+        assert [slot.core.display for slot in endpoint.addresses()] == before
+        await admin.stream.aclose()
