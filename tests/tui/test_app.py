@@ -147,6 +147,23 @@ async def test_reload_asks_first_and_the_daemon_logs_it(cluster: SimCluster) -> 
 
 
 @pytest.mark.asyncio
+async def test_a_refused_reload_shows_each_problem(cluster: SimCluster) -> None:
+    opts = cluster.node_dir("node1") / "ibacm_opts.cfg"
+    good = opts.read_text()
+    opts.write_text(good + "timeout banana\n")
+    app = dashboard(cluster.admin_socket("node1"))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await connected(pilot, app)
+            await pilot.press("5")
+            await pilot.press("r", "y")
+            await until(pilot, lambda: "reload refused" in log_text(app), "the refusal")
+            assert "timeout value 'banana' is not a number" in log_text(app)
+    finally:
+        opts.write_text(good)
+
+
+@pytest.mark.asyncio
 async def test_daemon_restart_shows_disconnected_then_reconnects(cluster: SimCluster) -> None:
     app = dashboard(cluster.admin_socket("node2"), "node2")
     async with app.run_test(size=SIZE) as pilot:
