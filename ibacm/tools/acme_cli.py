@@ -226,8 +226,9 @@ def _apply_short(settings: Settings, letter: str, value: str | None) -> None:
         if value is not None:
             settings.ep_index = _index_arg("e", value)
     elif letter == "f":
-        if not value or value[0] not in "inlgu":
-            raise UsageError(f"-f: address format {value!r} is not one of i, n, l, g, u")
+        # As the C tool: 'u' (unspecified) is the default, documented, but not accepted.
+        if not value or value[0] not in "inlg":
+            raise UsageError(f"-f: address format {value!r} is not one of i, n, l, g")
         settings.fmt = value[0]
     elif letter == "s":
         settings.src_arg = value
@@ -310,8 +311,14 @@ def _check_combination(s: Settings) -> None:
         raise UsageError("--fabric sim needs --sim-dir DIR and --sim-node NAME")
 
 
-def usage(prog: str) -> str:
-    """The usage text: the C tool's two blocks, then this tool's extensions."""
+def usage(prog: str, *, extensions: bool = True) -> str:
+    """The usage text: the C tool's two blocks (what a usage error prints on stdout, as C),
+    then, for ``--help``, this tool's extensions."""
+    text = _usage(prog)
+    return text + _EXTENSIONS if extensions else text
+
+
+def _usage(prog: str) -> str:
     return f"""\
 usage 1: {prog}
 Query specified ibacm service for data
@@ -342,6 +349,10 @@ Generate default ibacm service configuration and option files
    -D dest_dir      - specify destination directory for output files
                       (default is {SYSCONFDIR})
    -V               - enable verbose output
+"""
+
+
+_EXTENSIONS = f"""\
 extensions:
    --json           - print one JSON document instead of the text
    --run-dir DIR    - directory of the service socket and TCP port file (default /run)

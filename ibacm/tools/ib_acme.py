@@ -10,9 +10,8 @@ Where the C tool misbehaves this one does not (README defects 16, 52-55):
   line and a non-zero exit, where C reported success, aborted or died of SIGPIPE;
 * names longer than 63 bytes are rejected before anything is sent;
 * ``-e N`` and ``-P N`` no longer share one variable;
-* ``-f u`` is accepted (documented, rejected by C); in the unspecified format a plain decimal
-  number is a LID and a name the system resolver does not know is sent as a name (C turned
-  ``5`` into IPv4 0.0.0.5 and unknown names into LID 0);
+* where the C tool prints a stale errno text (a name over 63 bytes), the message says what
+  is wrong, with the same exit status;
 * ``-D`` creates directories with mode 0755 (C: 0644, no search bit).
 
 Extensions (long options, never used by the C tool): ``--json`` prints one JSON document
@@ -43,7 +42,16 @@ import trio
 from ibacm.config.addr_file import generate_addr_file
 from ibacm.config.opts_template import render_opts_file
 from ibacm.fabric.api import Fabric, FabricError, NoDevicesError, PortState
-from ibacm.tools.acme_cli import MAX_INDEX, PROG, PerfMode, Settings, UsageError, parse_args, usage
+from ibacm.tools.acme_cli import (
+    MAX_INDEX,
+    PROG,
+    PerfMode,
+    Settings,
+    UsageError,
+    c_atoi,
+    parse_args,
+    usage,
+)
 from ibacm.tools.acme_output import JsonReporter, Progress, Reporter, TextReporter
 from ibacm.tools.expand import ExpansionError, expand
 from ibacm.tools.libacm import (
@@ -83,40 +91,31 @@ def inet_any_pton(text: str) -> bytes | None:
 
 
 def classify(text: str, fmt: str) -> tuple[str, str]:
-    """The address format of a destination, and its text to use (ib_acme.md §3.1).
+    """The address format of a destination, and its text to use (ib_acme.md §3.1), exactly
+    as the C tool decides it, since scripts depend on its output and exit status.
 
     An explicit ``fmt`` (i, n, l, g) applies as given. Unspecified (``u``): an IP literal is
-    ``i``; a plain decimal number is a LID (``l``; C asked the resolver, which read ``5`` as
-    0.0.0.5); a name the system resolver knows becomes the text of its first address (``i``);
-    any other name is sent as a name (``n``; C sent LID ``atoi(name)``, usually 0).
+    ``i``; else what the system resolver makes of it, as the text of its first address (``i``;
+    glibc reads ``5`` as 0.0.0.5); else a LID (``l``, ``atoi`` of the text, usually 0).
     """
     if fmt != "u":
         return text, fmt
     if inet_any_pton(text) is not None:
         return text, "i"
-    if text.isascii() and text.isdigit():
-        return text, "l"
     try:
         infos = socket.getaddrinfo(text, None, socket.AF_UNSPEC, 0, socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
-        return text, "n"
+        return text, "l"
     family, _kind, _proto, _name, address = infos[0]
     raw = inet_pton(family, str(address[0]).split("%", 1)[0])
     if raw is None:
-        return text, "n"
+        return text, "l"
     return socket.inet_ntop(family, raw), "i"
 
 
-class LidError(ValueError):
-    pass
-
-
-def parse_lid(text: str, what: str) -> int:
-    """A LID written in decimal (C's ``atoi`` turned anything else into LID 0)."""
-    stripped = text.strip()
-    if not (stripped.isascii() and stripped.isdigit()) or int(stripped) > 0xFFFF:
-        raise LidError(f"{what} LID {text!r} is not a decimal number 0-65535")
-    return int(stripped)
+def parse_lid(text: str) -> int:
+    """A LID as the C tool reads it: ``(uint16_t) atoi(text)`` (``x`` is LID 0)."""
+    return c_atoi(text) & 0xFFFF
 
 
 # -- the tool -----------------------------------------------------------------------------
@@ -306,13 +305,9 @@ class Acme:
     def _resolve_lid(self, client: AcmClient, source: str | None, dest: str) -> Attempt:
         path = PathRecord()
         path.reversible_numpath = REVERSIBLE_BIT | 1
-        try:
-            if source is not None:
-                path.slid = parse_lid(source, "source")
-            path.dlid = parse_lid(dest, "destination")
-        except LidError as exc:
-            self.out.error(f"ib_acm_resolve_path failed: {exc}")
-            return Attempt(-1)
+        if source is not None:
+            path.slid = parse_lid(source)
+        path.dlid = parse_lid(dest)
         return self._resolve_path(client, path)
 
     def _resolve_gid(self, client: AcmClient, source: str | None, dest: str) -> Attempt:
@@ -601,8 +596,10 @@ def run(
     except UsageError as exc:
         if str(exc):
             stderr.write(f"{prog}: {exc}\n")
-        stdout.write(usage(prog))
+        # stdout as the C tool writes it (scripts compare it); the extensions on stderr.
+        stdout.write(usage(prog, extensions=False))
         stdout.flush()
+        stderr.write(usage(prog)[len(usage(prog, extensions=False)) :])
         return 1
     if settings.help:
         stdout.write(usage(prog))
