@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 import trio
 
+from ibacm.log import get_logger
+
+log = get_logger("ibacm.systemd")
+
 SD_LISTEN_FDS_START = 3
 
 
@@ -137,11 +141,24 @@ def notify_address(env: Mapping[str, str] | None = None) -> str | bytes | None:
     return value
 
 
+NOTIFY_GIVE_UP = 5.0
+"""Seconds a message may wait for room in the manager's queue before it is dropped."""
+
+
 class Notifier:
-    """Sends sd_notify messages; a no-op when NOTIFY_SOCKET is not set."""
+    """Sends sd_notify messages; a no-op when NOTIFY_SOCKET is not set.
+
+    A full queue at the manager (EAGAIN) is waited out with growing pauses, for at most
+    ``NOTIFY_GIVE_UP`` seconds, then the message is dropped with one log line. (Waiting for
+    the socket to become writable does not work: an unconnected datagram socket always looks
+    writable, so a retry loop on it spins a CPU, as 181 daemons starting at once showed.)
+    """
 
     def __init__(self, address: str | bytes | None) -> None:
         self.address = address
+        self.attempts = 0
+        """sendto calls made, for tests."""
+        self._warned = False
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] | None = None) -> Notifier:
@@ -156,14 +173,27 @@ class Notifier:
         if self.address is None:
             return False
         payload = "\n".join(f"{key.upper()}={value}" for key, value in fields.items())
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            with sock:
-                await sock.sendto(payload.encode(), self.address)
-        except OSError:
-            # The manager went away (or never listened): nothing a daemon can do about it.
-            return False
-        return True
+        deadline = trio.current_time() + NOTIFY_GIVE_UP
+        pause = 0.01
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            while True:
+                self.attempts += 1
+                try:
+                    sock.sendto(payload.encode(), self.address)
+                    return True
+                except BlockingIOError:
+                    if trio.current_time() + pause > deadline:
+                        break
+                except OSError:
+                    # The manager went away (or never listened): nothing a daemon can do.
+                    return False
+                await trio.sleep(pause)
+                pause = min(pause * 2, 0.5)
+        if not self._warned:
+            self._warned = True
+            log.warning("sd_notify dropped: the service manager's queue stays full", sent=payload)
+        return False
 
     async def ready(self, status: str) -> bool:
         return await self.notify(ready="1", status=status, mainpid=str(os.getpid()))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
+from ibacm.core import systemd
 from ibacm.core.systemd import (
     InheritedSockets,
     Notifier,
@@ -69,3 +72,37 @@ def test_activation_meant_for_another_process() -> None:
 def test_activation_errors(fds: str, message: str) -> None:
     with pytest.raises(SocketActivationError, match=message):
         take_listen_fds({"LISTEN_PID": "7", "LISTEN_FDS": fds}, pid=7)
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+@pytest.mark.trio
+async def test_a_full_manager_queue_is_waited_out_without_spinning(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """EAGAIN from a full notify queue: growing pauses for a bounded time, then one drop.
+    (An unconnected datagram socket always looks writable: waiting for that spun a CPU.)"""
+    name = b"\0ibacm-test-full-" + os.urandom(6).hex().encode()
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(name)
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    filler.setblocking(False)
+    with manager, filler:
+        with contextlib.suppress(BlockingIOError):
+            while True:  # fill the manager's receive queue
+                filler.sendto(b"x" * 512, name)
+        notifier = Notifier(name)
+        started = trio.current_time()
+        assert not await notifier.ready("up")
+        assert systemd.NOTIFY_GIVE_UP - 1 <= trio.current_time() - started <= systemd.NOTIFY_GIVE_UP
+        assert notifier.attempts <= 20  # pauses, not a busy loop
+        # Room again: the next message goes through at once.
+        while True:
+            try:
+                manager.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+        assert await notifier.status("still here")
