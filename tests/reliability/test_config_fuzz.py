@@ -9,6 +9,7 @@ address files: it keeps serving every time.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from ibacm.acmp.cache import CacheKeyError, cache_key
 from ibacm.config.addr_file import parse_addr_file
+from ibacm.config.errors import ConfigError
 from ibacm.config.hosts_file import parse_hosts_file
 from ibacm.config.options import KNOWN_KEYS, parse_options
 from ibacm.config.opts_template import render_opts_file
@@ -156,8 +158,9 @@ async def test_reloading_fuzzed_files_keeps_the_daemon_serving(tmp_path: Path) -
             def one_reload(opts: bytes, addr: bytes) -> None:
                 opts_file.write_bytes(opts)
                 addr_file.write_bytes(addr)
-                trio.from_thread.run(node.daemon.reload)
-                # The garbage stays in force; restoring good files must bring node1 back.
+                with contextlib.suppress(ConfigError):  # refused as a whole: nothing changed
+                    trio.from_thread.run(node.daemon.reload)
+                # What was taken stays in force; restoring good files must bring node1 back.
                 opts_file.write_bytes(SAMPLE_OPTS.encode())
                 addr_file.write_bytes(good_addr)
                 trio.from_thread.run(node.daemon.reload)
@@ -166,4 +169,5 @@ async def test_reloading_fuzzed_files_keeps_the_daemon_serving(tmp_path: Path) -
 
             await trio.to_thread.run_sync(one_reload)
             assert node.alive and not node.crashed
-    assert errors == []
+    # A refused reload is an operator's error, logged as one; anything else is a bug.
+    assert [e for e in errors if e.get("event") != "reload refused; configuration unchanged"] == []
