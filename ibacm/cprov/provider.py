@@ -33,6 +33,7 @@ import trio
 from ibacm.cbuild import CBuildError, ensure_library
 from ibacm.cprov import abi
 from ibacm.fabric.api import FabricError, PortEventType, SaTimeout
+from ibacm.fabric.hw.verbs_attrs import EVENT_CODES
 from ibacm.log import get_logger
 from ibacm.provider.api import (
     CoreAddress,
@@ -64,16 +65,6 @@ log = get_logger("ibacm.cprov")
 HERE = Path(__file__).resolve().parent
 CORE_SOURCES = (HERE / "acm_core.c", Path("/usr/include/infiniband/acm_prov.h"))
 SA_MAD_SIZE = 256
-EVENT_CODES: dict[PortEventType, int] = {
-    PortEventType.PORT_ACTIVE: 9,
-    PortEventType.PORT_ERR: 10,
-    PortEventType.LID_CHANGE: 11,
-    PortEventType.PKEY_CHANGE: 12,
-    PortEventType.SM_CHANGE: 13,
-    PortEventType.CLIENT_REREGISTER: 17,
-    PortEventType.GID_CHANGE: 18,
-}
-"""``enum ibv_event_type`` of the events a provider's ``handle_event`` gets."""
 
 
 class CProviderError(FabricError):

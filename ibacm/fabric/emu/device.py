@@ -38,12 +38,12 @@ from ibacm.fabric.api import (
     MAD_SIZE,
     FabricError,
     PortAttributes,
-    PortEventType,
     SaDestination,
     SaTimeout,
 )
 from ibacm.fabric.emu import protocol as ep
 from ibacm.fabric.emu.protocol import Op
+from ibacm.fabric.hw.verbs_attrs import EVENT_CODES
 from ibacm.fabric.sim.hub_client import HubDevice, HubFabric, HubPort, HubUdQp
 from ibacm.log import get_logger
 
@@ -52,17 +52,6 @@ log = get_logger("ibacm.emu")
 _RECV_MAX = 1 << 16
 _HUB_QUEUE = 1 << 16
 """What the hub side of a QP may hold; the program's posted buffers are the real limit."""
-
-# enum ibv_event_type
-EVENT_CODES: dict[PortEventType, int] = {
-    PortEventType.PORT_ACTIVE: 9,
-    PortEventType.PORT_ERR: 10,
-    PortEventType.LID_CHANGE: 11,
-    PortEventType.PKEY_CHANGE: 12,
-    PortEventType.SM_CHANGE: 13,
-    PortEventType.CLIENT_REREGISTER: 17,
-    PortEventType.GID_CHANGE: 18,
-}
 
 
 class _Outbox:

@@ -39,6 +39,8 @@ PORT_EVENTS: dict[int, PortEventType] = {
     18: PortEventType.GID_CHANGE,
 }
 """``enum ibv_event_type`` values of the port events the daemon reacts to."""
+EVENT_CODES: dict[PortEventType, int] = {kind: code for code, kind in PORT_EVENTS.items()}
+"""The other way round: what a port event is called in ``enum ibv_event_type``."""
 
 
 def gid_text(gid: bytes) -> str:
