@@ -17,8 +17,14 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# A mixed cluster where it can run (root, Debian's ibacm installed): the last node runs
+# rdma-core's unmodified C daemon on an emulated HCA. IBACM_DEMO_MIXED=0 turns it off.
+kinds=()
+if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/ibacm ] && [ "${IBACM_DEMO_MIXED:-1}" = 1 ]; then
+  kinds=(--c-ibacm "node$nodes")
+fi
 echo "== starting a simulated fabric with $nodes nodes in $dir"
-"$bin/ibacm-sim" up --nodes "$nodes" --dir "$dir"
+"$bin/ibacm-sim" up --nodes "$nodes" --dir "$dir" "${kinds[@]}"
 "$bin/ibacm-sim" status --dir "$dir"
 
 sock="$dir/node1/ibacm-unix.sock"
@@ -27,6 +33,10 @@ echo "== node1 resolves node3 by name, then verifies the path with the SA"
 "$bin/ib_acme" -S "$sock" -f n -s node1 -d node3 -v || true
 echo "== and again: now answered from the cache"
 "$bin/ib_acme" -S "$sock" -f n -s node1 -d node3 || true
+if [ ${#kinds[@]} -gt 0 ]; then
+  echo "== node1 resolves node$nodes, which runs rdma-core's C ibacm"
+  "$bin/ib_acme" -S "$sock" -f n -s node1 -d "node$nodes" -v || true
+fi
 echo "== counters of node1"
 "$bin/ib_acme" -S "$sock" -P || true
 
