@@ -440,6 +440,10 @@ class Dashboard(App[None]):
         self._find("#cache-filter", Input).focus()
 
     def action_clear_filter(self) -> None:
+        """Escape: clears the cache filter and leaves it, on the Cache tab only (elsewhere it
+        used to jump there and put the focus in the filter, which then ate '2' and 'q')."""
+        if self._active_tab() != "cache":
+            return
         field = self._find("#cache-filter", Input)
         if field.value:
             field.value = ""

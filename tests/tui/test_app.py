@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import RichLog, Sparkline, Static
+from textual.widgets import Input, RichLog, Sparkline, Static
 
 from ibacm.wire.admin import EventMessage
 from tests.tui.cluster import SimCluster
@@ -309,3 +309,35 @@ async def test_without_a_daemon_it_says_so_and_refuses_commands(tmp_path: Path) 
         await pilot.press("f")
         await pilot.press("r")
         assert not isinstance(app.screen, FlushScreen | ConfirmScreen)
+
+
+@pytest.mark.asyncio
+async def test_escape_outside_the_cache_tab_changes_nothing_and_keys_keep_working(
+    lab: LabServer,
+) -> None:
+    app = dashboard(lab.path, "lab")
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot, app)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert app._active_tab() == "endpoints"
+        assert not isinstance(app.focused, Input)
+        await pilot.press("2")
+        await pilot.pause(0.1)
+        assert app._active_tab() == "groups"
+        # After a dialog, tab digits still switch tabs.
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        await pilot.press("4")
+        await pilot.pause(0.1)
+        assert app._active_tab() == "counters" and not isinstance(app.focused, Input)
+        # Escape in the cache filter clears it and leaves the field; q then quits.
+        await pilot.press("slash", *"node", "escape")
+        await pilot.pause(0.1)
+        assert app._active_tab() == "cache" and not isinstance(app.focused, Input)
+        assert app.query_one("#cache-filter", Input).value == ""
+        await pilot.press("q")
+        await pilot.pause(0.2)
+    assert app.return_code is not None or not app.is_running
