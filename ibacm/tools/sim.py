@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from ibacm.config.options import parse_options
 from ibacm.fabric.api import FabricError
 from ibacm.fabric.sim.faults import Faults, FaultSettingError
 from ibacm.fabric.sim.hub import hub_call
@@ -271,7 +272,11 @@ def _initial_faults(args: argparse.Namespace) -> dict[str, str]:
     return faults
 
 
-def opts_text(layout: Layout, node: str, args: argparse.Namespace, extra: str) -> str:
+def opts_text(
+    layout: Layout, node: str, args: argparse.Namespace, extra: str, *, metrics_port: int = 0
+) -> str:
+    """A node's options; ``metrics_port``, when set, overrides the one of ``extra`` (each
+    node of one machine needs a port of its own)."""
     node_dir = layout.node_dir(node)
     lines = [
         "# ibacm options written by ibacm-sim up",
@@ -289,6 +294,9 @@ def opts_text(layout: Layout, node: str, args: argparse.Namespace, extra: str) -
     text = "\n".join(lines) + "\n"
     if extra:
         text += "# extra options from --opts\n" + extra.rstrip("\n") + "\n"
+    if metrics_port:
+        text += "# this node's own metrics port (--opts gives the first node's)\n"
+        text += f"metrics_port {metrics_port}\n"
     return text
 
 
@@ -317,14 +325,17 @@ def _write_node_files(
     extra: str,
 ) -> None:
     node_dir = layout.node_dir(node)
+    base = parse_options(extra, "--opts")[0].metrics_port if extra else 0
+    port = base + topology.host_names.index(node) if base else 0
     if kind is NodeKind.C:
         opts = sim_kinds.c_opts_text(
             node_dir, log_level=args.log_level, route_prot=args.route_prot, extra=extra
         )
     elif kind is NodeKind.HW:
-        opts = opts_text(layout, node, args, extra) + "support_ips_in_addr_cfg 1\n"
+        opts = opts_text(layout, node, args, extra, metrics_port=port)
+        opts += "support_ips_in_addr_cfg 1\n"
     else:
-        opts = opts_text(layout, node, args, extra)
+        opts = opts_text(layout, node, args, extra, metrics_port=port)
     (node_dir / OPTS_FILE).write_text(opts)
     if kind.emulated:
         (node_dir / ADDR_FILE).write_text(sim_kinds.addr_text_with_ips(topology, node))
