@@ -240,6 +240,7 @@ class Dashboard(App[None]):
             reason, was_connected = await self._one_connection()
             self.client = None
             self.connected = False
+            self.model.dirty.counters = True  # re-drawn marked stale
             if was_connected:
                 delay = self.backoff[0]  # it worked a moment ago: try again soon
                 self._log_local("warning", f"disconnected from {self.target.label}: {reason}")
@@ -262,6 +263,7 @@ class Dashboard(App[None]):
             self.model.apply_snapshot(snapshot)
             self._last_snapshot = self.model.clock()
             self.client, self.connected, connected = client, True, True
+            self.model.dirty.counters = True  # live again
             self.connections += 1
             self._set_connected_status()
             if self.connections > 1:
@@ -331,8 +333,11 @@ class Dashboard(App[None]):
 
     def _refresh_counters(self) -> None:
         summary = self.model.summary()
+        # While disconnected the numbers are the last ones seen, not live: say so.
+        stale = () if self.connected else (("STALE: disconnected, last values seen\n", "bold red"),)
         self._find("#summary", Static).update(
             Text.assemble(
+                *stale,
                 ("Resolves ", "bold"),
                 f"{summary['resolves']}  ({summary['resolves_per_second']})   ",
                 ("Route cache hit rate ", "bold"),
@@ -352,11 +357,12 @@ class Dashboard(App[None]):
         # A leading zero anchors the scale at 0 (Sparkline scales from the data's minimum).
         self._find("#rps", Sparkline).data = [0.0, *rps] if rps else []
         self._find("#hits", Sparkline).data = [0.0, *hits] if hits else []
+        mark = "" if self.connected else " (stale)"
         self._find("#rps-label", Static).update(
-            f"Resolves/s  {rps[-1]:.1f}" if rps else "Resolves/s  -"
+            (f"Resolves/s  {rps[-1]:.1f}" if rps else "Resolves/s  -") + mark
         )
         self._find("#hit-label", Static).update(
-            f"Cache hit rate  {hits[-1]:.0f}%" if hits else "Cache hit rate  -"
+            (f"Cache hit rate  {hits[-1]:.0f}%" if hits else "Cache hit rate  -") + mark
         )
         self._find("#counter-table", KeyedTable).sync(self.model.counter_rows())
 

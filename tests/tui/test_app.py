@@ -341,3 +341,22 @@ async def test_escape_outside_the_cache_tab_changes_nothing_and_keys_keep_workin
         await pilot.press("q")
         await pilot.pause(0.2)
     assert app.return_code is not None or not app.is_running
+
+
+@pytest.mark.asyncio
+async def test_numbers_are_marked_stale_while_disconnected(lab: LabServer) -> None:
+    app = dashboard(lab.path, "lab")
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot, app)
+        await pilot.press("4")
+
+        def summary() -> str:
+            return str(app.query_one("#summary", Static).render())
+
+        await until(pilot, lambda: "Resolves" in summary(), "the counters")
+        assert "STALE" not in summary()
+        lab.stop()
+        await until(pilot, lambda: "STALE" in summary(), "the stale mark")
+        assert "(stale)" in str(app.query_one("#rps-label", Static).render())
+        lab.start()
+        await until(pilot, lambda: app.connected and "STALE" not in summary(), "live again")
