@@ -660,6 +660,29 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+_DAEMON_WORDS = ("ibacm.core.cli", "/usr/sbin/ibacm", "ibacm.fabric.emu.device")
+
+
+def _daemons_by_run_dir(layout: Layout, names: Sequence[str]) -> dict[int, str]:
+    """Daemons (and device processes) of this cluster that ``pids.json`` does not know, e.g.
+    one an operator restarted by hand: found by a node directory in their command line."""
+    found: dict[int, str] = {}
+    node_dirs = [f"{layout.node_dir(name)}/" for name in names]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), os.getppid()):
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if not any(word in cmdline for word in _DAEMON_WORDS):
+            continue
+        marker = next((d for d in node_dirs if d in cmdline), None)
+        if marker is not None:
+            found[int(entry.name)] = marker
+    return found
+
+
 def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
     pids = _read_pids(layout)
     markers = pids.get("markers", {})
@@ -668,6 +691,11 @@ def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
         for name, pid in pids.get("nodes", {}).items()
         if pid
     }
+    known = set(pids.get("nodes", {}))
+    with contextlib.suppress(FileNotFoundError, TopologyError):
+        known |= set(Topology.from_json(layout.topology.read_text()).host_names)
+    for pid, marker in _daemons_by_run_dir(layout, sorted(known)).items():
+        nodes.setdefault(pid, marker)
     killed = _stop(nodes, time.monotonic() + grace)
     devices = {
         int(pid): sim_kinds.device_marker(name)

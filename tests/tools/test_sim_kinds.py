@@ -126,3 +126,43 @@ def test_each_node_gets_its_own_metrics_port(tmp_path: Path) -> None:
         assert [issue for issue in issues if issue.severity == "error"] == []
         ports.append(options.metrics_port)
     assert ports == [9400, 9401, 9402]
+
+
+def test_down_also_stops_a_daemon_restarted_by_hand(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    command = [sys.executable, "-m", "ibacm.tools.sim"]
+    up = subprocess.run(
+        [*command, "up", "--nodes", "2", "--dir", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    recorded = json.loads((root / "pids.json").read_text())["nodes"]["node2"]
+    argv = Path(f"/proc/{recorded}/cmdline").read_bytes().split(b"\0")[:-1]
+    os.kill(recorded, 15)
+    deadline = time.monotonic() + 10
+    while alive(recorded) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (root / "node2" / "ibacm.pid").unlink(missing_ok=True)
+    by_hand = subprocess.Popen(
+        [arg.decode() for arg in argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (root / "node2" / "ibacm-unix.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        down = subprocess.run(
+            [*command, "down", "--dir", str(root)], capture_output=True, text=True, timeout=60
+        )
+        assert down.returncode == 0, down.stderr
+        by_hand.wait(timeout=15)  # stopped by down, found by its run directory
+    finally:
+        if by_hand.poll() is None:
+            by_hand.kill()
+            by_hand.wait()
+            pytest.fail("ibacm-sim down left the daemon started by hand running")
