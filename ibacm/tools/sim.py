@@ -48,6 +48,7 @@ from ibacm.fabric.sim.world import SimWorld
 from ibacm.tools import sim_exec, sim_kinds
 from ibacm.tools.sim_kinds import KindError, NodeKind
 from ibacm.tools.sim_ns import NamespaceError
+from ibacm.tools.spawn import module_command
 
 CLIENT_SOCKET = "ibacm-unix.sock"
 ADMIN_SOCKET = "ibacm-admin.sock"
@@ -458,9 +459,7 @@ async def _up(args: argparse.Namespace) -> int:
     timeout = args.timeout if args.timeout is not None else 60 + 0.5 * len(nodes)
     try:
         hub_cmd = [
-            sys.executable,
-            "-m",
-            "ibacm.fabric.sim.hub",
+            *module_command("ibacm.fabric.sim.hub"),
             "--dir",
             str(layout.root),
             "--topology-json",
@@ -966,7 +965,7 @@ def default_daemon_cmd() -> str:
     Looking ``ibacm`` up on PATH could find rdma-core's C daemon (``/usr/sbin/ibacm``),
     which knows nothing of ``--fabric sim``.
     """
-    return shlex.join([sys.executable, "-m", "ibacm.core.cli"])
+    return shlex.join(module_command("ibacm.core.cli"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,6 @@ Every kind keeps its client socket at ``DIR/<node>/ibacm-unix.sock``.
 from __future__ import annotations
 
 import enum
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ibacm.fabric.emu.build import EmuBuildError, ensure_library
 from ibacm.fabric.emu.protocol import SOCKET_ENV
 from ibacm.fabric.sim.topology import Topology
 from ibacm.tools.sim_ns import NamespaceError, private_run_argv
+from ibacm.tools.spawn import module_command
 
 C_DAEMON = Path("/usr/sbin/ibacm")
 C_PROVIDER_DIR = Path("/usr/lib/x86_64-linux-gnu/ibacm")
@@ -127,9 +127,7 @@ def c_opts_text(node_dir: Path, *, log_level: int, route_prot: str | None, extra
 
 def device_command(hub_socket: Path, node: str, node_dir: Path) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "ibacm.fabric.emu.device",
+        *module_command("ibacm.fabric.emu.device"),
         "--hub",
         str(hub_socket),
         "--node",

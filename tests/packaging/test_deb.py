@@ -192,3 +192,20 @@ def test_every_bundled_library_is_in_debian_copyright(unpacked: Path) -> None:
     assert names[0] == "ibacm"
     for name in names[1:]:
         assert f" {name} (" in copyright_text, f"debian/copyright does not mention {name}"
+
+
+def test_unpacked_ibacm_sim_runs_its_documented_example(unpacked: Path, tmp_path: Path) -> None:
+    """ibacm-sim spawns the hub and the daemons: they must find the package's private library
+    (they used to die with "No module named 'ibacm'")."""
+    require_peer("/usr/bin/python3")
+    cluster = tmp_path / "sim"
+    sim = unpacked / "usr" / "bin" / "ibacm-sim"
+    up = run(sim, "up", "--nodes", "2", "--dir", cluster, cwd="/")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        socket_path = cluster / "node1" / "ibacm-unix.sock"
+        acme = unpacked / "usr" / "bin" / "ib_acme"
+        done = run(acme, "-S", socket_path, "-f", "n", "-s", "node1", "-d", "node2", cwd="/")
+        assert done.returncode == 0 and "dlid: 3" in done.stdout, done.stdout + done.stderr
+    finally:
+        run(sim, "down", "--dir", cluster, cwd="/")
