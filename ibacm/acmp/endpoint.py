@@ -149,6 +149,7 @@ class EndpointStats:
         "bad_mads",
         "credit_overdrafts",
         "join_attempts",
+        "peer_moves",
         "requests_received",
         "responses_dropped",
         "responses_received",
@@ -168,6 +169,8 @@ class EndpointStats:
         self.join_attempts = 0
         self.credit_overdrafts = 0
         """ACM requests sent without a resolve_depth credit (see ``ResolveCredits``)."""
+        self.peer_moves = 0
+        """Peers seen at a new LID, whose other cached routes were dropped."""
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -114,8 +114,36 @@ class PeerProtocol:
             if group is None:
                 self._no_common_group(entry)
                 return
+            moved = entry.peer_lid not in (0, received.slid) and entry.peer_gid == received.sgid
             self.record_address(entry, received, group, now)
+            if moved:
+                self._peer_moved(entry, received)
         self._after_request(entry, mad.tid, targets_us, now)
+
+    def _peer_moved(self, updated: DestEntry, received: ReceivedMad) -> None:
+        """A peer's LID changed (its request came from a new SLID): the routes cached for its
+        other addresses still lead to the old LID. They are forgotten, so the next request
+        for them learns the peer again. Rare (a LID change), so a scan is affordable."""
+        ep = self.ep
+        stale = [
+            other
+            for other in ep.cache.learned()
+            if other is not updated
+            and other.peer_gid == received.sgid
+            and other.peer_lid != received.slid
+        ]
+        for other in stale:
+            if other.busy:
+                other.forget()  # its resolution in progress starts again from INIT
+            else:
+                ep.cache.remove(other.key)
+        ep.stats.peer_moves += 1
+        log.info(
+            "peer LID changed; its other cached routes dropped",
+            peer=KeyText(updated.key),
+            lid=received.slid,
+            dropped=len(stale),
+        )
 
     def _after_request(self, entry: DestEntry, tid: int, targets_us: bool, now: float) -> None:
         ep = self.ep

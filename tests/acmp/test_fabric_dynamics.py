@@ -14,7 +14,7 @@ from ibacm.provider.api import Counter, ResolveResult
 from ibacm.wire.acm_mad import AcmMad, acm_request, acm_response
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr
 from ibacm.wire.path_record import PathRecord
-from tests.acmp.harness import Cluster, cluster, ipv4
+from tests.acmp.harness import Cluster, cluster, ipv4, ipv6, name
 
 pytestmark = pytest.mark.trio
 
@@ -325,3 +325,35 @@ async def test_path_form_nodelay_is_answered_at_once(autojump_clock: object) -> 
         await trio.sleep(1)
         second = await c["node1"].resolve_path(PathRecord(dlid=dlid), flags=EpFlag.NODELAY)
         assert second.status == AcmStatus.SUCCESS
+
+
+def same_form(world: SimWorld, node: str, dest: EpAddr) -> EpAddr:
+    """``node``'s own address of the form of ``dest`` (the source of such a request)."""
+    if dest.type == AddrType.NAME:
+        return name(node)
+    return ipv4(world, node) if dest.type == AddrType.IP else ipv6(world, node)
+
+
+@pytest.mark.parametrize("route_prot", [RouteProt.SA, RouteProt.ACM])
+async def test_a_remote_lid_change_reaches_every_cached_route_to_that_node(
+    autojump_clock: object, route_prot: RouteProt
+) -> None:
+    """node2's LID changes; node1 has node2 cached under its IPv4, IPv6 and name. node2's next
+    request (carrying its new LID) reaches node1 for one of those addresses only: every route
+    to node2 must follow, not only that one (they used to keep the old LID until a flush)."""
+    async with cluster(3, options(route_prot=route_prot)) as c:
+        node1 = c["node1"]
+        dests = (ipv4(c.world, "node2"), ipv6(c.world, "node2"), name("node2"))
+        for dest in dests:
+            assert (await node1.resolve(same_form(c.world, "node1", dest), dest)).status == 0
+        c.world.set_lid("node2", "mlx5_0", 1, 200)
+        await trio.sleep(0.001)
+        await c.wait_ready()
+        # node2 asks for node3 (from its IPv4): every node hears node2's new LID.
+        c.endpoint("node2").cache.clear_learned()
+        asked = await c["node2"].resolve(ipv4(c.world, "node2"), ipv4(c.world, "node3"))
+        assert asked.status == 0
+        for dest in dests:
+            result = await node1.resolve(same_form(c.world, "node1", dest), dest)
+            assert result.status == 0 and result.paths[0].dlid == 200, (dest, result)
+        assert c.endpoint("node1").stats.peer_moves == 1
