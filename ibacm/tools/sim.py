@@ -833,7 +833,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--hcas-per-node", type=int, default=1)
     up.add_argument("--ports-per-hca", type=int, default=1)
     up.add_argument("--mtu", type=int, choices=range(1, 6), help="port MTU enum (5 = 4096)")
-    up.add_argument("--opts", help="extra ibacm_opts.cfg lines appended to every node's file")
+    up.add_argument(
+        "--opts",
+        metavar="FILE",
+        help="a file of extra ibacm_opts.cfg lines appended to every node's file "
+        "(a metrics_port in it is node1's; each next node gets the next port)",
+    )
     up.add_argument("--route-prot", choices=("sa", "acm"))
     up.add_argument("--log-level", type=int, default=1)
     up.add_argument(
