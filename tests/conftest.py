@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,14 @@ def require_file(path: Path) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def ibacm_sim(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run this installation's ``ibacm-sim`` (never a daemon found on PATH), captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "ibacm.tools.sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )

@@ -8,33 +8,22 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_peer
+from tests.conftest import ibacm_sim, require_peer
 
 pytestmark = [pytest.mark.peer]
-
-
-def sim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ibacm.tools.sim", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_sighup_with_invalid_values_keeps_serving_with_the_running_configuration() -> None:
     ib_acme = require_peer("ib_acme")
     root = Path(tempfile.mkdtemp(prefix="sighup"))
     try:
-        assert sim("up", "--nodes", "3", "--dir", str(root)).returncode == 0
+        assert ibacm_sim("up", "--nodes", "3", "--dir", str(root)).returncode == 0
         node = root / "node1"
         opts = node / "ibacm_opts.cfg"
         opts.write_text(opts.read_text() + "timeout banana\nretries -5\n")
@@ -59,5 +48,5 @@ def test_sighup_with_invalid_values_keeps_serving_with_the_running_configuration
         )
         assert "dlid: 4" in result.stdout, result.stdout
     finally:
-        sim("down", "--dir", str(root))
+        ibacm_sim("down", "--dir", str(root))
         shutil.rmtree(root, ignore_errors=True)

@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -26,7 +25,7 @@ import pytest
 
 from ibacm.cprov import abi
 from ibacm.fabric.sim.topology import Topology
-from tests.conftest import require_file, require_peer
+from tests.conftest import ibacm_sim, require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
 
@@ -77,16 +76,6 @@ def test_the_ctypes_structures_are_acm_prov_h() -> None:
     ]
 
 
-def sim_tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ibacm.tools.sim", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 @dataclass(frozen=True)
 class Cluster:
     root: Path
@@ -131,18 +120,18 @@ def start(nodes: int, opts: str, *kinds: str) -> Cluster:
     require_file(PYVERBS)
     root = Path(tempfile.mkdtemp(prefix="cprov"))
     (root / "extra.cfg").write_text(opts)
-    up = sim_tool(
+    up = ibacm_sim(
         "up", "--nodes", str(nodes), "--dir", str(root), "--opts", str(root / "extra.cfg"), *kinds
     )
     if up.returncode != 0:
-        sim_tool("down", "--dir", str(root))
+        ibacm_sim("down", "--dir", str(root))
         shutil.rmtree(root, ignore_errors=True)
         pytest.fail(f"ibacm-sim up failed:\n{up.stdout}{up.stderr}")
     return Cluster(root, Topology.from_json((root / "topology.json").read_text()))
 
 
 def stop(cluster: Cluster) -> None:
-    sim_tool("down", "--dir", str(cluster.root))
+    ibacm_sim("down", "--dir", str(cluster.root))
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
@@ -276,12 +265,12 @@ def test_every_callback_and_core_function(ours: tuple[Cluster, Path]) -> None:
     assert per_endpoint.stdout.splitlines()[1].split(",")[1:] == [str(100 + i) for i in range(7)]
     assert ",testprov,node3," in cluster.acme("node3", "-e").stdout
 
-    done = sim_tool("reregister", "--dir", str(cluster.root), "node3")
+    done = ibacm_sim("reregister", "--dir", str(cluster.root), "node3")
     assert done.returncode == 0, done.stderr
     assert cluster.wait_log("node3", "handle_event 17")  # IBV_EVENT_CLIENT_REREGISTER
 
     # The SA goes away: the provider's MAD comes back with ETIMEDOUT and the client hears it.
-    assert sim_tool("fault", "--dir", str(cluster.root), "sa_down", "on").returncode == 0
+    assert ibacm_sim("fault", "--dir", str(cluster.root), "sa_down", "on").returncode == 0
     try:
         failed = cluster.acme(
             "node3", "-f", "l", "-s", str(cluster.lid("node3")), "-d", str(cluster.lid("node2"))
@@ -289,4 +278,4 @@ def test_every_callback_and_core_function(ours: tuple[Cluster, Path]) -> None:
         assert failed.returncode != 0
         assert cluster.wait_log("node3", "resolve failed umad status 110")
     finally:
-        sim_tool("fault", "--dir", str(cluster.root), "sa_down", "off")
+        ibacm_sim("fault", "--dir", str(cluster.root), "sa_down", "off")

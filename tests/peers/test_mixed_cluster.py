@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ibacm.fabric.sim.topology import Topology
-from tests.conftest import REPO, require_file, require_peer
+from tests.conftest import REPO, ibacm_sim, require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
 
@@ -35,16 +34,6 @@ PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs/device.cpython-311-x86_64
 LUA = REPO / "contrib" / "wireshark" / "acm.lua"
 C_TIMEOUT_S, C_RETRIES = 2.0, 2
 """rdma-core's defaults (options.md): a request's whole budget is timeout x (retries + 1)."""
-
-
-def sim_tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ibacm.tools.sim", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 @dataclass(frozen=True)
@@ -68,7 +57,7 @@ class Cluster:
         return str(self.topology.host(node).hcas[0].ports[0].ipv6[0].ip)
 
     def sim(self, *args: str) -> str:
-        done = sim_tool(*args, "--dir", str(self.directory))
+        done = ibacm_sim(*args, "--dir", str(self.directory))
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
@@ -82,7 +71,7 @@ def start(*extra: str) -> Cluster:
             pytest.fail("C ibacm nodes need a private mount namespace (root)")
         pytest.skip("C ibacm nodes need a private mount namespace (root)")
     directory = Path(tempfile.mkdtemp(prefix="mixed"))
-    up = sim_tool(
+    up = ibacm_sim(
         "up",
         "--nodes",
         str(len(NODES)),
@@ -99,14 +88,14 @@ def start(*extra: str) -> Cluster:
             f"\n--- {path}\n{path.read_text(errors='replace')[-3000:]}"
             for path in sorted(directory.glob("node*/*.log")) + sorted(directory.glob("*.log"))
         )
-        sim_tool("down", "--dir", str(directory))
+        ibacm_sim("down", "--dir", str(directory))
         shutil.rmtree(directory, ignore_errors=True)
         pytest.fail(f"ibacm-sim up failed ({up.returncode}):\n{up.stdout}{up.stderr}{logs}")
     return Cluster(directory, Topology.from_json((directory / "topology.json").read_text()))
 
 
 def stop(cluster: Cluster) -> None:
-    sim_tool("down", "--dir", str(cluster.directory))
+    ibacm_sim("down", "--dir", str(cluster.directory))
     shutil.rmtree(cluster.directory, ignore_errors=True)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import trio
 
 from ibacm.fabric.sim.topology import Topology, gid_of
 from ibacm.wire.path_record import gid_to_text
-from tests.conftest import require_peer
+from tests.conftest import ibacm_sim, require_peer
 from tests.tools.conftest import Result, run_c, run_ours
 
 pytestmark = [pytest.mark.peer]
@@ -44,17 +43,12 @@ class Cluster:
         return gid_to_text(gid_of(self.topology.subnet_prefix, port.guid))
 
 
-def _sim(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "ibacm.tools.sim", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     ib_acme = require_peer("ib_acme")
     directory = Path(tempfile.mkdtemp(prefix="acmetable"))
     try:
-        up = _sim("up", "--nodes", "4", "--dir", str(directory))
+        up = ibacm_sim("up", "--nodes", "4", "--dir", str(directory))
         assert up.returncode == 0, up.stdout + up.stderr
         found = Cluster(directory, Topology.from_json((directory / "topology.json").read_text()))
         # Warm the cache with every destination of the table, by every form.
@@ -68,7 +62,7 @@ def cluster() -> Iterator[Cluster]:
             )
         yield found
     finally:
-        _sim("down", "--dir", str(directory))
+        ibacm_sim("down", "--dir", str(directory))
         shutil.rmtree(directory, ignore_errors=True)
 
 

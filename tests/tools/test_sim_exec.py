@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,21 +14,11 @@ from pathlib import Path
 import pytest
 
 from ibacm.tools.sim import main as sim_main
-from tests.conftest import REPO, require_file, require_peer
+from tests.conftest import REPO, ibacm_sim, require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
 PROBE = REPO / "tests" / "peers" / "rdmacm_probe.py"
 LIBRDMACM = Path("/usr/lib/x86_64-linux-gnu/librdmacm.so.1")
-
-
-def sim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ibacm.tools.sim", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def need_root() -> None:
@@ -43,12 +32,12 @@ def cluster(*extra: str) -> Iterator[Path]:
     require_peer("ib_acme")
     need_root()
     root = Path(tempfile.mkdtemp(prefix="exec"))
-    up = sim("up", "--nodes", "3", "--dir", str(root), *extra)
+    up = ibacm_sim("up", "--nodes", "3", "--dir", str(root), *extra)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield root
     finally:
-        sim("down", "--dir", str(root))
+        ibacm_sim("down", "--dir", str(root))
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -65,7 +54,7 @@ def tcp_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def on_node(root: Path, node: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return sim("exec", "--dir", str(root), node, "--", *argv)
+    return ibacm_sim("exec", "--dir", str(root), node, "--", *argv)
 
 
 def test_ib_acme_without_s_reaches_the_node_of_its_namespace(unix_cluster: Path) -> None:
@@ -90,7 +79,7 @@ def test_librdmacm_gets_the_route_from_the_node(unix_cluster: Path) -> None:
 
 
 def test_tcp_mode_nodes_each_serve_their_own_port(tcp_cluster: Path) -> None:
-    report = json.loads(sim("status", "--dir", str(tcp_cluster), "--json").stdout)
+    report = json.loads(ibacm_sim("status", "--dir", str(tcp_cluster), "--json").stdout)
     ports = []
     for node in report["nodes"]:
         assert node["state"] == "running", node
