@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import trio
@@ -150,7 +150,12 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _fail(readiness: Readiness, status: int, message: str) -> int:
+def _fail(
+    readiness: Readiness, status: int, message: str, cleanup: Callable[[], None] | None = None
+) -> int:
+    # The waiting parent exits as soon as it hears: the pid file must be gone before that.
+    if cleanup is not None:
+        cleanup()
     if readiness.pending:
         readiness.report(status, message)
     else:
@@ -193,6 +198,11 @@ def serve(
         inherited.close()
         return _fail(readiness, EXIT_LOCK, f"ibacm: {exc}")
     log_control = LogControl()
+
+    def release() -> None:
+        inherited.close()
+        lock.release()
+
     try:
         log_control.configure(
             destination=options.log_file,
@@ -205,7 +215,10 @@ def serve(
             fabric = make_fabric(args)
         except (FabricError, OSError, ValueError) as exc:
             return _fail(
-                readiness, EXIT_STARTUP, f"ibacm: cannot use the {args.fabric} fabric: {exc}"
+                readiness,
+                EXIT_STARTUP,
+                f"ibacm: cannot use the {args.fabric} fabric: {exc}",
+                release,
             )
         daemon = Daemon(
             options,
@@ -226,11 +239,14 @@ def serve(
             failure = _startup_failure(exc, args.fabric)
             if failure is None:
                 log.exception("ibacm stopped by an unexpected error")
-                return _fail(readiness, EXIT_STARTUP, f"ibacm: unexpected error: {exc!r}")
+                return _fail(
+                    readiness, EXIT_STARTUP, f"ibacm: unexpected error: {exc!r}", release
+                )
             status, message = failure
             if message:
                 log.error("cannot start", reason=message)
-                return _fail(readiness, status, message)
+                return _fail(readiness, status, message, release)
+            release()
             readiness.report(status)
             return status
         log.warning("ibacm stopped")
