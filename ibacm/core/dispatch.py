@@ -126,9 +126,9 @@ def plan_address_form(message: AcmMessage) -> AddressPlan:
     if src_index is None:
         if len(message.entries) >= MAX_EPS:
             raise CoreError(AcmStatus.EINVAL, "8 entries and no SOURCE: no room for the source")
-        if message.entries[dst_index].type not in (AddrType.IP, AddrType.IP6):
+        if message.entries[dst_index].type not in (AddrType.IP, AddrType.IP6, AddrType.NAME):
             raise CoreError(
-                AcmStatus.EDESTTYPE, "no SOURCE and the DEST is not an IP address to route"
+                AcmStatus.EDESTTYPE, "no SOURCE and the DEST is neither an IP address nor a name"
             )
     return AddressPlan(tuple(message.entries), dst_index, src_index)
 
@@ -297,11 +297,21 @@ class Dispatcher:
         return await self.call_resolve(slot, request), chosen
 
     async def choose_source(self, dest: EpAddr) -> EpAddr:
+        if dest.type == AddrType.NAME:
+            return self.choose_name_source()
         try:
             address = await select_source(ip_of(dest), local_ips(self.devices), self.probe)
         except SourceSelectionError as exc:
             raise CoreError(exc.status, str(exc)) from exc
         return EpAddr.from_ip(address, EpFlag.SOURCE)
+
+    def choose_name_source(self) -> EpAddr:
+        """Beyond C (which needs a SOURCE for a name): this host's first name, in endpoint
+        order (behavior.md §3.6), as ``ib_acme -A`` lists it first in the address file."""
+        for slot in all_addresses(self.devices):
+            if slot.core.type == AddrType.NAME:
+                return EpAddr(EpFlag.SOURCE, AddrType.NAME, slot.core.info)
+        raise CoreError(AcmStatus.ESRCADDR, "no SOURCE and this host has no name to send from")
 
     async def resolve_path(self, message: AcmMessage, client: str) -> tuple[bytes, int]:
         if message.hdr.length < QUERY_SA_LENGTH:

@@ -83,8 +83,7 @@ def path_entry(path: PathRecord, flags: int = 0) -> EpAddr:
         # The first offending entry decides; SOURCE is checked before DEST in an entry.
         ([EpAddr(EpFlag.DEST, 0), EpAddr(EpFlag.SOURCE, 0)], AcmStatus.EDESTTYPE),
         ([EpAddr(EpFlag.SOURCE | EpFlag.DEST, 0)], AcmStatus.ESRCTYPE),
-        # No SOURCE: only an IP destination can be routed to find one.
-        ([EpAddr.from_name("node2", EpFlag.DEST)], AcmStatus.EDESTTYPE),
+        # No SOURCE: the daemon finds one for an IP address or a name, not for a LID.
         ([EpAddr.from_lid(5, EpFlag.DEST)], AcmStatus.EDESTTYPE),
         # 8 entries and no SOURCE: C wrote a 9th entry past its buffer.
         ([IP_DEST] + [EpAddr(0, AddrType.NAME)] * 7, AcmStatus.EINVAL),
