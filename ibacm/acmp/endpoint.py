@@ -225,7 +225,7 @@ class AcmpEndpoint:
         self.port = port
         self.core: CoreServices = port.core
         self.options: Options = port.core.options
-        # Read for every entry learned: the options do not change once endpoints exist.
+        # Read for every entry learned: copied here, renewed only by a reload (apply_options).
         self.addr_lifetime = self.options.addr_lifetime
         self.route_lifetime = self.options.route_lifetime
         self.core_endpoint = core_endpoint
@@ -261,6 +261,18 @@ class AcmpEndpoint:
         self.resolver = Resolver(self)
         self.protocol = PeerProtocol(self)
         cache.listener = self._cache_changed
+
+    def apply_options(self, options: Options) -> None:
+        """A reload: later reads of the options (timeouts, retries, loopback, join backoff)
+        see ``options``; entries learned from now on get the new lifetimes."""
+        depth = max(1, options.resolve_depth)
+        if depth != max(1, self.options.resolve_depth):
+            # Holders release into the credits they took (``async with`` keeps the object),
+            # so the old and new limits overlap only while those answers are out.
+            self.resolve_credits = ResolveCredits(depth, self._credit_wait, self.stats)
+        self.options = options
+        self.addr_lifetime = options.addr_lifetime
+        self.route_lifetime = options.route_lifetime
 
     # -- identity -------------------------------------------------------------------------
 

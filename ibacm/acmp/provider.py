@@ -32,6 +32,7 @@ from ibacm.acmp.persistence import (
     snapshot,
 )
 from ibacm.acmp.preload import run_preloads
+from ibacm.config.options import Options
 from ibacm.fabric.api import PortEventType
 from ibacm.log import get_logger
 from ibacm.provider.api import (
@@ -101,6 +102,14 @@ class AcmpProvider(Provider):
 
     async def stop(self) -> None:
         await self.save_cache()
+
+    def options_changed(self, options: Options) -> bool:
+        """A reload: every open endpoint takes the new timeouts, retries, lifetimes,
+        loopback, join backoff and resolve depth (ibacm.core.daemon.PROVIDER_OPTIONS)."""
+        for port in self._ports:
+            for endpoint in port.endpoints.values():
+                endpoint.apply_options(options)
+        return True
 
     async def save_cache(self) -> None:
         """Write every endpoint's cache to ``cache_file`` (if configured)."""

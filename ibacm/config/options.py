@@ -179,7 +179,8 @@ class ProviderLine:
     name: str
     default: bool
     prefix: int | None
-    line: int
+    line: int = field(compare=False)
+    """Where it was read; not part of the setting (moving the line changes nothing)."""
 
 
 @dataclass

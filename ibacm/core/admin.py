@@ -56,8 +56,9 @@ class DaemonControl(Protocol):
         """
         ...
 
-    async def reload(self) -> None:
-        """Re-read the configuration files (options, addresses) as on SIGHUP."""
+    async def reload(self) -> list[str]:
+        """Re-read the configuration files (options, addresses) as on SIGHUP; the names of
+        the changed options that need a restart."""
         ...
 
     def set_log_level(self, level: int) -> None:
@@ -275,7 +276,7 @@ class _Session:
                 return wire.ok_reply(request.id, {"flushed": flushed})
             case wire.Command.RELOAD:
                 try:
-                    await control.reload()
+                    restart = await control.reload()
                 except ConfigError as exc:
                     problems = [str(issue) for issue in exc.issues]
                     return wire.error_reply(
@@ -285,7 +286,7 @@ class _Session:
                         {"problems": problems},
                     )
                 log.info("configuration reloaded on admin request")
-                return wire.ok_reply(request.id, {"reloaded": True})
+                return wire.ok_reply(request.id, {"reloaded": True, "restart_needed": restart})
             case wire.Command.SET_LOG_LEVEL:
                 control.set_log_level(args["level"])
                 log.info("log level set", level=args["level"])

@@ -229,6 +229,7 @@ def serve(
             inherited_netlink=inherited.netlink,
             systemd=args.systemd,
             run_dir=args.run_dir,
+            capture_file=options.capture_file if args.capture else None,
             log_control=log_control,
             notifier=Notifier.from_environment(),
             handle_signals=True,

@@ -66,8 +66,9 @@ SHUTDOWN_GRACE = 2.0
 """Seconds in-flight requests get to finish at shutdown."""
 BANNER = "Assistant to the InfiniBand Communication Manager"
 
-# Options the running daemon cannot change: a reload reports them and keeps the old value.
+# What a reload does with each option (a test checks that every option is in one group).
 RESTART_OPTIONS = (
+    # Options the running daemon cannot change: a reload reports them and keeps the old value.
     "server_mode",
     "server_port",
     "acme_plus_kernel_only",
@@ -76,8 +77,47 @@ RESTART_OPTIONS = (
     "admin_socket",
     "providers",
     "provider_lib_path",
+    "provider_prefer",
     "umad_debug_level",
     "metrics_port",
+    # Built into an endpoint when it opens: its QP and sender tasks, its multicast groups,
+    # its preloads, its cache (and the cache file's saver).
+    "recv_depth",
+    "send_depth",
+    "route_prot",
+    "min_mtu",
+    "min_rate",
+    "route_preload",
+    "route_data_file",
+    "addr_preload",
+    "addr_data_file",
+    "route_bulk_preload",
+    "cache_max_entries",
+    "cache_file",
+    "cache_save_interval",
+)
+CORE_OPTIONS = (
+    # Applied by the daemon itself on reload.
+    "log_file",
+    "log_level",
+    "log_format",
+    "support_ips_in_addr_cfg",
+    "sa_depth",
+    "sa_timeout",  # read by every SA query
+    "sa_retries",
+    "capture_file",
+)
+PROVIDER_OPTIONS = (
+    # Applied by the providers (``Provider.options_changed``) to their open endpoints.
+    "addr_prot",  # one value only (acm)
+    "timeout",
+    "retries",
+    "addr_timeout",
+    "route_timeout",
+    "loopback_prot",
+    "resolve_depth",
+    "join_retry_initial_ms",
+    "join_retry_max_ms",
 )
 
 
@@ -137,6 +177,7 @@ class Daemon:
         kernel_service: bool = True,
         systemd: bool = False,
         run_dir: str | None = None,
+        capture_file: str | None = None,
         log_control: LogControl | None = None,
         notifier: Notifier | None = None,
         probe: Probe = kernel_probe,
@@ -151,6 +192,8 @@ class Daemon:
         self.opts_file = opts_file
         self.systemd = systemd
         self.run_dir = run_dir
+        self.capture_file = capture_file
+        """``--capture``: outranks ``capture_file`` in the option file, also after a reload."""
         self.options = self._with_overrides(options)
         self.inherited_stream = inherited_stream
         self.inherited_netlink = inherited_netlink
@@ -188,6 +231,8 @@ class Daemon:
         """Command-line overrides that outrank the option file (also after a reload)."""
         if self.run_dir is not None:
             options.run_dir = self.run_dir
+        if self.capture_file is not None:
+            options.capture_file = self.capture_file
         if self.systemd:
             options.server_mode = ServerMode.UNIX
         return options
@@ -401,12 +446,14 @@ class Daemon:
             self.log_control.bus = None
 
     # -- DaemonControl -------------------------------------------------------------------------
-    async def reload(self) -> None:
+    async def reload(self) -> list[str]:
         """Re-read the option and address files (SIGHUP / admin ``reload``).
 
         Both files are parsed and checked first; any invalid value, unparsable address line,
         or an address file that would leave no endpoint refuses the whole reload
-        (``ConfigError`` with every problem) and the running configuration stays."""
+        (``ConfigError`` with every problem) and the running configuration stays.
+        Otherwise every changed option is applied, or reported (log, and the returned
+        names) as needing a restart."""
         async with self._reload_lock:
             new, problems = self._read_options()
             entries, address_problems = self._read_addresses(new)
@@ -418,16 +465,22 @@ class Daemon:
                 for problem in problems:
                     log.error("reload refused; configuration unchanged", problem=str(problem))
                 raise ConfigError(problems)
-            self._keep_restart_options(new)
+            restart = self._keep_restart_options(new)
             old, self.options = self.options, new
             self.services.options = new
             self._apply_logging(old, new)
             self.topology.apply_sa_depth(new.sa_depth)
             self.addr_file.support_ips = new.support_ips_in_addr_cfg
+            restart += self._apply_provider_options(old, new)
+            await self._apply_capture(old, new)
             await self.topology.reload_addresses(entries)
             log.info(
-                "configuration reloaded", opts_file=self.opts_file, addr_file=self.addr_file.path
+                "configuration reloaded",
+                opts_file=self.opts_file,
+                addr_file=self.addr_file.path,
+                restart_needed=restart,
             )
+            return restart
 
     def _read_options(self) -> tuple[Options, list[ConfigIssue]]:
         if self.opts_file is None:
@@ -456,7 +509,9 @@ class Daemon:
                 log.warning("address file", problem=str(issue))
         return entries, errors_in(issues)
 
-    def _keep_restart_options(self, new: Options) -> None:
+    def _keep_restart_options(self, new: Options) -> list[str]:
+        """Keep the running value of every changed restart-only option; their names."""
+        kept = []
         for name in RESTART_OPTIONS:
             before, after = getattr(self.options, name), getattr(new, name)
             if before != after:
@@ -467,6 +522,46 @@ class Daemon:
                     file=str(after),
                 )
                 setattr(new, name, before)
+                kept.append(name)
+        return kept
+
+    def _apply_provider_options(self, old: Options, new: Options) -> list[str]:
+        """Give the providers the new options; the changed provider options that one of
+        them cannot apply while running (a provider library) need a restart."""
+        changed = [name for name in PROVIDER_OPTIONS if getattr(old, name) != getattr(new, name)]
+        unapplied: list[str] = []
+        for provider in self.providers.providers:
+            try:
+                applied = provider.options_changed(new)
+            except Exception:
+                log.exception("provider failed to apply the options", provider=provider.name)
+                applied = False
+            if not applied and changed:
+                log.warning(
+                    "options changed in the file but the provider applies them only when it "
+                    "starts; restart to apply them",
+                    provider=provider.name,
+                    options=changed,
+                )
+                unapplied = changed
+        return unapplied
+
+    async def _apply_capture(self, old: Options, new: Options) -> None:
+        """``capture_file`` changed: stop the capture the old value started, start the new.
+        A capture started through the admin socket is left alone (and reported)."""
+        before = os.path.abspath(old.capture_file) if old.capture_file else None
+        after = os.path.abspath(new.capture_file) if new.capture_file else None
+        if before == after:
+            return
+        running = self.mad_capture.status().get("path") if self.mad_capture.active else None
+        if running is not None and running == before:
+            await self.mad_capture.stop()
+        if after is None:
+            return
+        try:
+            await self.mad_capture.start(after)
+        except CaptureError as exc:
+            log.error("capture_file not applied", path=after, error=str(exc))
 
     def _apply_logging(self, old: Options, new: Options) -> None:
         control = self.log_control

@@ -202,6 +202,14 @@ class Provider(abc.ABC):
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Called once at shutdown, after every port was closed (e.g. to persist a cache)."""
 
+    def options_changed(self, options: Options) -> bool:
+        """The daemon reloaded its option file: ``core.options`` is now ``options``.
+
+        Apply what can change while running (``ibacm.core.daemon.PROVIDER_OPTIONS``) and
+        return True; the default returns False, and the daemon then reports every changed
+        provider option as needing a restart (a reload never ignores an option silently)."""
+        return False
+
     @abc.abstractmethod
     async def open_device(self, device: CoreDevice) -> object: ...
 

@@ -209,7 +209,8 @@ async def test_flush_all_one_endpoint_one_destination(sock: Path) -> None:
 @pytest.mark.trio
 async def test_reload_and_set_log_level_act_on_the_daemon(sock: Path) -> None:
     async with admin_server(sock) as (daemon, _bus, _), connect(sock) as client:
-        assert (await client.call("reload")).result == {"reloaded": True}
+        reply = await client.call("reload")
+        assert reply.result == {"reloaded": True, "restart_needed": []}
         assert daemon.reloads == 1
         assert (await client.call("set_log_level", level=2)).result == {"level": 2}
         assert daemon.log_level == 2

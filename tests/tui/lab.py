@@ -98,11 +98,12 @@ class LabDaemon:
                 self.bus.publish("cache", {"endpoint": ep, "dest": key, "removed": True})
         return flushed
 
-    async def reload(self) -> None:
+    async def reload(self) -> list[str]:
         if self.fail_reload:
             raise OSError("ibacm_opts.cfg: permission denied")
         self.reloads += 1
         self.bus.publish("log", {"event": "configuration reloaded", "level": "info"})
+        return []  # no changed option needs a restart
 
     def set_log_level(self, level: int) -> None:
         self.log_level = level
