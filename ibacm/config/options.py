@@ -49,6 +49,15 @@ Extensions (keys the C daemon ignores, so one file serves both daemons):
     ``python`` (default) or ``library``: which provider is loaded when a library in
     ``provider_lib_path`` and a Python provider have the same name (rdma-core's
     ``libibacmp.so`` and ours are both ``ibacmp``).
+``max_clients`` / ``max_clients_per_user``
+    client connections at once, in total (default 16384; also kept below the open-file
+    limit, with a reserve for the admin socket) and per local user other than root (peer
+    uid of the unix socket, default 1024; 0 = no per-user limit). More are refused (closed
+    at once, counted); the socket is 0666, so one user cannot lock the others out.
+``client_request_timeout`` / ``client_idle_timeout``
+    seconds a started request may stay incomplete (default 10), and a connection may stay
+    without any request (default 0 = never: librdmacm keeps one connection per process and
+    never reconnects); 0 = no limit. Such connections are closed and counted.
 """
 
 from __future__ import annotations
@@ -237,6 +246,10 @@ class Options:
     metrics_port: int = 0
     capture_file: str | None = None
     provider_prefer: ProviderPrefer = ProviderPrefer.PYTHON
+    max_clients: int = 16384
+    max_clients_per_user: int = 1024
+    client_request_timeout: int = 10
+    client_idle_timeout: int = 0
 
     @property
     def min_mtu_bytes(self) -> int:
@@ -339,6 +352,10 @@ class Options:
             ("metrics port", str(self.metrics_port)),
             ("capture file", self.capture_file or "none"),
             ("provider prefer", self.provider_prefer.value),
+            ("max clients", str(self.max_clients)),
+            ("max clients per user", str(self.max_clients_per_user)),
+            ("client request timeout", str(self.client_request_timeout)),
+            ("client idle timeout", str(self.client_idle_timeout)),
         ]
         return core + provider + providers + extensions
 
@@ -667,6 +684,10 @@ _HANDLERS: dict[str, _Handler] = {
     "provider_prefer": _keyword(
         "provider_prefer", {"python": ProviderPrefer.PYTHON, "library": ProviderPrefer.LIBRARY}
     ),
+    "max_clients": _integer("max_clients", minimum=1, fallback=16384),
+    "max_clients_per_user": _integer("max_clients_per_user", minimum=0, fallback=1024),
+    "client_request_timeout": _integer("client_request_timeout", minimum=0, fallback=10),
+    "client_idle_timeout": _integer("client_idle_timeout", minimum=0, fallback=0),
 }
 # The one key the C provider compares case-sensitively.
 _CASE_SENSITIVE_KEYS = frozenset({"route_timeout"})

@@ -102,6 +102,10 @@ def _values(options: Options) -> dict[str, str]:
         "metrics_port": str(options.metrics_port),
         "capture_file": options.capture_file or "none",
         "provider_prefer": options.provider_prefer.value,
+        "max_clients": str(options.max_clients),
+        "max_clients_per_user": str(options.max_clients_per_user),
+        "client_request_timeout": str(options.client_request_timeout),
+        "client_idle_timeout": str(options.client_idle_timeout),
     }
     for key, value in values.items():
         if any(char in C_SPACE or char == "\0" for char in value) or (
@@ -345,6 +349,35 @@ _EXTENSION_BLOCKS: tuple[_Block, ...] = (
             "'python' or 'library': which provider is loaded when a library in",
             "provider_lib_path has the name of a Python provider (rdma-core's libibacmp.so",
             "and this daemon's provider are both 'ibacmp').",
+        ),
+        active=False,
+    ),
+    _Block(
+        "max_clients",
+        (
+            "Client connections at once; more are refused. Kept below the open-file limit,",
+            "with a reserve for the administration socket.",
+        ),
+        active=False,
+    ),
+    _Block(
+        "max_clients_per_user",
+        (
+            "Client connections at once of one local user other than root (the client",
+            "socket is open to everybody); 0 = no per-user limit.",
+        ),
+        active=False,
+    ),
+    _Block(
+        "client_request_timeout",
+        ("Seconds a client may take to finish sending a request it began; 0 = no limit.",),
+        active=False,
+    ),
+    _Block(
+        "client_idle_timeout",
+        (
+            "Seconds a client connection may stay without a request; 0 = no limit (the",
+            "default: an application's librdmacm connects once and never reconnects).",
         ),
         active=False,
     ),

@@ -15,6 +15,14 @@ with a log line: when one reply cannot be written for ``stall_timeout`` seconds,
 unwritten replies pass ``MAX_UNSENT_BYTES``; everybody else is served as usual. A malformed
 stream is closed exactly where the C server closes (client-protocol.md §8) after the replies to
 its earlier requests were sent.
+
+The client socket is open to every local user (0666), so connections are bounded
+(``ClientLimits``): in total (and below the open-file limit, keeping a reserve for the admin
+socket) and per peer uid (SO_PEERCRED; root is bounded by the total only). A connection over
+a bound is accepted and closed at once, so the backlog never fills up for everybody else.
+A coarse timer (``_sweep``) closes connections whose request stays half-sent, or that stay
+without a request, too long; it reads each connection's request count, so serving a request
+costs nothing more.
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ import errno
 import itertools
 import math
 import os
+import resource
 import select
 import socket
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +55,13 @@ STALL_TIMEOUT = 10.0
 MAX_UNSENT_BYTES = 4 << 20
 """Bytes of ready but unwritten replies one connection may hold before it is dropped."""
 RECEIVE_SIZE = 4 * MSG_MAX
+FD_RESERVE = 256
+"""Descriptors kept free of clients: the admin socket's clients, log and capture files, the
+provider's and the fabric's own."""
+SWEEP_MAX = 5.0
+"""Longest pause of the timeout sweep (seconds); shorter timeouts sweep more often."""
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_REFUSAL_LOG_INTERVAL = 10.0
 _ACCEPT_RETRY = 0.1
 _TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -64,6 +81,53 @@ class _Reply:
 
 class _Overrun(Exception):
     """The client does not read its replies (too many unwritten bytes)."""
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """How many clients may connect, and how long a connection may stay without a request
+    (option names in the comments; 0 = no limit, except ``max_clients``)."""
+
+    max_clients: int = 16384  # max_clients
+    max_per_user: int = 1024  # max_clients_per_user
+    request_timeout: float = 10.0  # client_request_timeout
+    idle_timeout: float = 0.0  # client_idle_timeout
+
+
+@dataclass
+class ClientStats:
+    """What the limits refused and closed, for the admin snapshot and the metrics."""
+
+    refused_total: int = 0
+    """Connections refused: ``max_clients`` (or the open-file limit) reached."""
+    refused_user: int = 0
+    """Connections refused: the peer's user had ``max_clients_per_user`` connections."""
+    request_timeouts: int = 0
+    """Connections closed: a request stayed half-sent ``client_request_timeout`` seconds."""
+    idle_timeouts: int = 0
+    """Connections closed: no request for ``client_idle_timeout`` seconds."""
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int | None:
+    """The uid of a unix-socket peer (SO_PEERCRED); None for TCP or when unknown."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return None
+    return int(_PEERCRED.unpack(raw)[1])
+
+
+def descriptor_budget(reserve: int = FD_RESERVE) -> int:
+    """Client connections the open-file limit leaves room for, ``reserve`` kept free."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, soft - reserve)
 
 
 def peer_name(stream: trio.SocketStream, number: int) -> str:
@@ -92,11 +156,17 @@ class Connection:
         *,
         max_pending: int = MAX_PENDING_REPLIES,
         stall_timeout: float = STALL_TIMEOUT,
+        uid: int | None = None,
     ) -> None:
         self.stream = stream
         self.dispatcher = dispatcher
         self.name = name
+        self.uid = uid
+        """The peer's uid (unix socket), counted against ``max_clients_per_user``."""
         self.requests = 0
+        self._swept_requests = 0
+        self._quiet_since = trio.current_time()
+        """When the sweep last saw this connection make progress (a request, a reply owed)."""
         self._fd = stream.socket.fileno()
         self._framer = ClientFramer()
         self._max_pending = max_pending
@@ -119,6 +189,24 @@ class Connection:
         self._owed = 0
         """Replies queued for the writer and not yet written: 0 means a reply that is ready
         may be written at once without overtaking another (the cache-hit fast path)."""
+
+    def timed_out(self, now: float, limits: ClientLimits) -> str | None:
+        """The sweep's question: which timeout (if any) this connection has passed.
+
+        Progress is a new request or a reply still owed (then the writer's own stall bound
+        applies); otherwise the connection is quiet: half-sent when bytes of a request
+        wait in the framer, else idle."""
+        if self.requests != self._swept_requests or self._owed or self._outbox:
+            self._swept_requests = self.requests
+            self._quiet_since = now
+            return None
+        quiet = now - self._quiet_since
+        if self._framer.buffered:
+            if limits.request_timeout and quiet >= limits.request_timeout:
+                return "request"
+        elif limits.idle_timeout and quiet >= limits.idle_timeout:
+            return "idle"
+        return None
 
     def stop_reading(self) -> None:
         """Shutdown: take no more requests; the replies already owed are still sent."""
@@ -407,12 +495,20 @@ class ClientServer:
         *,
         max_pending: int = MAX_PENDING_REPLIES,
         stall_timeout: float = STALL_TIMEOUT,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.max_pending = max_pending
         self.stall_timeout = stall_timeout
         self.connections: set[Connection] = set()
         self.accepted = 0
+        self.stats = ClientStats()
+        self._per_user: dict[int, int] = {}
+        self._limits = limits or ClientLimits()
+        self._capacity = self._limits.max_clients
+        """``max_clients``, or fewer when the open-file limit leaves room for fewer."""
+        self._sweep_changed = trio.Event()
+        self._refusals_logged_at = -math.inf
         self._accept_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._listeners: list[trio.SocketListener] = []
@@ -424,6 +520,29 @@ class ClientServer:
     def active(self) -> int:
         return len(self.connections)
 
+    @property
+    def limits(self) -> ClientLimits:
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: ClientLimits) -> None:
+        """New limits (a reload): they apply to the next connection and the next sweep;
+        nobody already connected is dropped for a lower bound."""
+        self._limits = limits
+        self._capacity = min(limits.max_clients, descriptor_budget())
+        self._sweep_changed.set()
+
+    def status(self) -> dict[str, object]:
+        """For the admin snapshot: connections, the limits in force, what they refused."""
+        return {
+            "connected": len(self.connections),
+            "capacity": self._capacity,
+            "max_per_user": self._limits.max_per_user,
+            "request_timeout": self._limits.request_timeout,
+            "idle_timeout": self._limits.idle_timeout,
+            **self.stats.as_dict(),
+        }
+
     async def serve(
         self,
         listeners: Sequence[trio.SocketListener],
@@ -432,11 +551,39 @@ class ClientServer:
     ) -> None:
         """Accept until ``drain``; returns when the last connection is gone."""
         self._listeners = list(listeners)
+        self.limits = self._limits  # the open-file limit as it is now
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self._poller.run)
             nursery.start_soon(self._accept_all)
+            nursery.start_soon(self._sweep)
             task_status.started()
+
+    async def _sweep(self) -> None:
+        """The coarse timer of the request and idle timeouts: every few seconds (a quarter
+        of the shortest timeout, at most ``SWEEP_MAX``), close the connections past one."""
+        while True:
+            timeouts = [t for t in (self._limits.request_timeout, self._limits.idle_timeout) if t]
+            self._sweep_changed = trio.Event()
+            with trio.move_on_after(min([SWEEP_MAX, *(t / 4 for t in timeouts)])):
+                await self._sweep_changed.wait()
+            if timeouts:
+                self.sweep_once(trio.current_time())
+
+    def sweep_once(self, now: float) -> None:
+        limits = self._limits
+        for connection in list(self.connections):
+            which = connection.timed_out(now, limits)
+            if which is None:
+                continue
+            if which == "request":
+                self.stats.request_timeouts += 1
+                why, seconds = "a request stayed half-sent", limits.request_timeout
+            else:
+                self.stats.idle_timeouts += 1
+                why, seconds = "no request", limits.idle_timeout
+            log.info("client timed out; closing", client=connection.name, why=why, s=seconds)
+            connection.abort()
 
     async def _accept_all(self) -> None:
         with self._accept_scope:
@@ -458,27 +605,73 @@ class ClientServer:
                     continue
                 log.error("accept failed; listener stopped", error=exc.strerror)
                 return
+            uid = peer_uid(stream.socket)
+            if not self._admit(uid):
+                stream.socket.close()  # the client sees EOF at once; nothing else is spent
+                continue
             assert self._nursery is not None
-            self._nursery.start_soon(self._serve_one, stream)
+            # Counted now, not when its task starts: a burst of accepts sees every one.
+            self._nursery.start_soon(self._serve_one, self._open(stream, uid))
 
-    async def _serve_one(self, stream: trio.SocketStream) -> None:
+    def _admit(self, uid: int | None) -> bool:
+        """Whether a new connection from ``uid`` fits the limits; counted either way.
+        Root (and TCP peers, whose uid is unknown) are bounded by the total only."""
+        limits = self._limits
+        if len(self.connections) >= self._capacity:
+            self.stats.refused_total += 1
+            self._log_refusal("max_clients", self._capacity, uid)
+            return False
+        if uid and limits.max_per_user and self._per_user.get(uid, 0) >= limits.max_per_user:
+            self.stats.refused_user += 1
+            self._log_refusal("max_clients_per_user", limits.max_per_user, uid)
+            return False
+        return True
+
+    def _log_refusal(self, limit: str, value: int, uid: int | None) -> None:
+        """One line per ``_REFUSAL_LOG_INTERVAL`` at most: a flood must not flood the log."""
+        now = trio.current_time()
+        if now - self._refusals_logged_at < _REFUSAL_LOG_INTERVAL:
+            return
+        self._refusals_logged_at = now
+        log.warning(
+            "client connection refused: limit reached",
+            limit=limit,
+            value=value,
+            uid=uid,
+            refused_total=self.stats.refused_total,
+            refused_user=self.stats.refused_user,
+        )
+
+    def _open(self, stream: trio.SocketStream, uid: int | None) -> Connection:
         self.accepted += 1
-        name = peer_name(stream, next(self._numbers))
         connection = Connection(
             stream,
             self.dispatcher,
-            name,
+            peer_name(stream, next(self._numbers)),
             max_pending=self.max_pending,
             stall_timeout=self.stall_timeout,
+            uid=uid,
         )
         self.connections.add(connection)
+        if uid:
+            self._per_user[uid] = self._per_user.get(uid, 0) + 1
         self._idle = trio.Event()
-        log.debug("client connected", client=name)
+        return connection
+
+    async def _serve_one(self, connection: Connection) -> None:
+        log.debug("client connected", client=connection.name)
         try:
             await connection.run(self._poller)
         finally:
             self.connections.discard(connection)
-            log.debug("client disconnected", client=name, requests=connection.requests)
+            uid = connection.uid
+            if uid:
+                left = self._per_user[uid] - 1
+                if left:
+                    self._per_user[uid] = left
+                else:
+                    del self._per_user[uid]
+            log.debug("client disconnected", client=connection.name, requests=connection.requests)
             if not self.connections:
                 self._idle.set()
 

@@ -35,7 +35,7 @@ from ibacm.config.errors import ConfigError, ConfigIssue, errors_in
 from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
-from ibacm.core.clients import ClientServer
+from ibacm.core.clients import ClientLimits, ClientServer
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.events import EventBus
 from ibacm.core.listeners import ClientListeners, ListenerError, open_client_listeners
@@ -106,6 +106,10 @@ CORE_OPTIONS = (
     "sa_timeout",  # read by every SA query
     "sa_retries",
     "capture_file",
+    "max_clients",  # the next connection and the next sweep see them
+    "max_clients_per_user",
+    "client_request_timeout",
+    "client_idle_timeout",
 )
 PROVIDER_OPTIONS = (
     # Applied by the providers (``Provider.options_changed``) to their open endpoints.
@@ -142,6 +146,15 @@ def parse_destination(text: str) -> tuple[AddrType, bytes]:
         raise ValueError("destination is empty")
     addr_type, info = classify(text)
     return AddrType(addr_type), info
+
+
+def client_limits(options: Options) -> ClientLimits:
+    return ClientLimits(
+        max_clients=options.max_clients,
+        max_per_user=options.max_clients_per_user,
+        request_timeout=float(options.client_request_timeout),
+        idle_timeout=float(options.client_idle_timeout),
+    )
 
 
 def provider_choice(
@@ -214,7 +227,7 @@ class Daemon:
         self.addr_file = AddressFile(addr_file, support_ips=self.options.support_ips_in_addr_cfg)
         self.topology = Topology(self.tap, self.providers, self.services, self.addr_file)
         self.dispatcher = Dispatcher(self.topology.devices, self.counters, probe)
-        self.clients = ClientServer(self.dispatcher)
+        self.clients = ClientServer(self.dispatcher, limits=client_limits(self.options))
         self.listeners: ClientListeners | None = None
         self.admin_path: str | None = None
         self.ready = trio.Event()
@@ -471,6 +484,7 @@ class Daemon:
             self._apply_logging(old, new)
             self.topology.apply_sa_depth(new.sa_depth)
             self.addr_file.support_ips = new.support_ips_in_addr_cfg
+            self.clients.limits = client_limits(new)
             restart += self._apply_provider_options(old, new)
             await self._apply_capture(old, new)
             await self.topology.reload_addresses(entries)
@@ -609,6 +623,7 @@ class Daemon:
                 "uptime": trio.current_time() - self._started,
                 "log_level": self.options.log_level,
                 "clients": self.clients.active,
+                "client_limits": self.clients.status(),
                 "providers": [provider.name for provider in self.providers.providers],
                 "listening": self.listeners.addresses if self.listeners else [],
                 "admin_socket": self.admin_path,

@@ -214,6 +214,29 @@ class SnapshotCollector:
             value = _number(daemon.get(key))
             if value is not None:
                 yield GaugeMetricFamily(name, text, value=value)
+        yield from self._client_limits(_mapping(daemon.get("client_limits")))
+
+    def _client_limits(self, limits: Mapping[str, Any]) -> Iterator[Metric]:
+        """What the client limits refused and closed (admin snapshot ``client_limits``)."""
+        for name, text, reasons in (
+            (
+                "ibacm_clients_refused",
+                "Client connections refused at a limit",
+                (("refused_total", "max_clients"), ("refused_user", "max_clients_per_user")),
+            ),
+            (
+                "ibacm_clients_timed_out",
+                "Client connections closed by a timeout",
+                (("request_timeouts", "request"), ("idle_timeouts", "idle")),
+            ),
+        ):
+            family = CounterMetricFamily(name, text, labels=["reason"])
+            for key, reason in reasons:
+                value = _number(limits.get(key))
+                if value is not None:
+                    family.add_metric([reason], value)
+            if family.samples:
+                yield family
 
     def _global_counters(self, raw: Any) -> Iterator[Metric]:
         values = _counters(raw)

@@ -57,6 +57,22 @@ APPLIED: dict[str, tuple[str, Probe, Any]] = {
     "sa_timeout": ("sa_timeout 700", lambda d, ep: d.services.options.effective_sa_timeout, 700),
     "sa_retries": ("sa_retries 4", lambda d, ep: d.services.options.effective_sa_retries, 4),
     "capture_file": ("capture_file {dir}/mads.pcap", _capture, "{dir}/mads.pcap"),
+    "max_clients": ("max_clients 50", lambda d, ep: d.clients.limits.max_clients, 50),
+    "max_clients_per_user": (
+        "max_clients_per_user 7",
+        lambda d, ep: d.clients.limits.max_per_user,
+        7,
+    ),
+    "client_request_timeout": (
+        "client_request_timeout 4",
+        lambda d, ep: d.clients.limits.request_timeout,
+        4.0,
+    ),
+    "client_idle_timeout": (
+        "client_idle_timeout 600",
+        lambda d, ep: d.clients.limits.idle_timeout,
+        600.0,
+    ),
     "timeout": ("timeout 3000", lambda d, ep: ep.options.timeout, 3000),
     "retries": ("retries 5", lambda d, ep: ep.options.retries, 5),
     "addr_timeout": ("addr_timeout 5", lambda d, ep: ep.addr_lifetime, 300.0),
