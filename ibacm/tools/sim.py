@@ -23,11 +23,9 @@ import contextlib
 import ipaddress
 import json
 import os
-import secrets
 import shlex
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -48,6 +46,7 @@ from ibacm.fabric.sim.world import SimWorld
 from ibacm.tools import sim_exec, sim_kinds
 from ibacm.tools.sim_kinds import KindError, NodeKind
 from ibacm.tools.sim_ns import NamespaceError
+from ibacm.tools.sim_ready import Progress, ReadyError, ReadyListener, await_ready
 from ibacm.tools.spawn import module_command
 
 CLIENT_SOCKET = "ibacm-unix.sock"
@@ -178,21 +177,6 @@ def _stop(pids: dict[int, str], deadline: float) -> list[int]:
     return stragglers
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """``pid`` is ``ancestor`` or one of its descendants (a wrapper may start the daemon)."""
-    for _ in range(16):
-        if pid == ancestor:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat.rsplit(")", 1)[-1].split()[1])
-        if pid <= 1:
-            return False
-    return False
-
-
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -202,42 +186,6 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     if not tail:
         return f"    ({path} is empty)"
     return "\n".join(f"    {line}" for line in tail)
-
-
-# -- sd_notify listener -------------------------------------------------------------------
-
-
-class ReadyListener:
-    """An abstract AF_UNIX datagram socket collecting sd_notify ``READY=1`` by sender pid."""
-
-    def __init__(self) -> None:
-        self.name = f"@ibacm-sim-{os.getpid()}-{secrets.token_hex(6)}"
-        self.sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        self.ready: set[int] = set()
-        self.status: dict[int, str] = {}
-
-    async def bind(self) -> None:
-        await self.sock.bind(b"\0" + self.name[1:].encode())
-
-    async def receive(self) -> None:
-        data, ancillary, _flags, _addr = await self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
-        pid = 0
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                pid = struct.unpack("iII", payload[:12])[0]
-        fields = dict(
-            line.split("=", 1) for line in data.decode(errors="replace").splitlines() if "=" in line
-        )
-        if "MAINPID" in fields and fields["MAINPID"].isdigit():
-            pid = int(fields["MAINPID"])
-        if "STATUS" in fields:
-            self.status[pid] = fields["STATUS"]
-        if fields.get("READY") == "1":
-            self.ready.add(pid)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 # -- up -----------------------------------------------------------------------------------
@@ -392,29 +340,16 @@ async def _await_ready(
     procs: dict[str, subprocess.Popen[bytes]],
     logs: dict[str, list[Path]],
     timeout: float,
+    *,
+    what: str,
+    serving: Callable[[str], bool] | None = None,
 ) -> None:
-    """Wait for READY=1 from every process; fail naming the first one that died or hung."""
-    pending = dict(procs)
-    with trio.move_on_after(timeout):
-        while pending:
-            with trio.move_on_after(0.1):
-                await listener.receive()
-            for name, proc in list(pending.items()):
-                if any(_descends_from(pid, proc.pid) for pid in listener.ready):
-                    del pending[name]
-                elif proc.poll() is not None:
-                    raise SimToolError(
-                        f"{name} exited with status {proc.returncode} before it was ready:\n"
-                        + "\n".join(_tail(path) for path in logs[name])
-                    )
-        return
-    name = next(iter(pending))
-    status = listener.status.get(pending[name].pid, "no status")
-    raise SimToolError(
-        f"{len(pending)} process(es) not ready after {timeout:g} s, first {name} "
-        f"(pid {pending[name].pid}, last status: {status}):\n"
-        + "\n".join(_tail(path) for path in logs[name])
-    )
+    """Wait for READY=1 from every process; fail naming one that died or is really stuck."""
+    progress = Progress(sys.stderr, what)
+    try:
+        await await_ready(listener, procs, timeout, serving=serving, progress=progress)
+    except ReadyError as exc:
+        raise SimToolError(f"{exc}:\n" + "\n".join(_tail(path) for path in logs[exc.name])) from exc
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -446,7 +381,7 @@ async def _up(args: argparse.Namespace) -> int:
         node_dir.mkdir(exist_ok=True)
         _write_node_files(layout, topology, node, kinds[node], args, extra)
     listener = ReadyListener()
-    await listener.bind()
+    listener.bind()
     env = dict(os.environ, NOTIFY_SOCKET=listener.name, PYTHONUNBUFFERED="1")
     pids: dict[str, Any] = {
         "hub": None,
@@ -475,7 +410,7 @@ async def _up(args: argparse.Namespace) -> int:
         hub = _spawn(hub_cmd, layout.hub_log, env)
         pids["hub"] = hub.pid
         _write_pids(layout, pids)
-        await _await_ready(listener, {"hub": hub}, {"hub": [layout.hub_log]}, timeout)
+        await _await_ready(listener, {"hub": hub}, {"hub": [layout.hub_log]}, timeout, what="hub")
         emulated = [node for node in nodes if kinds[node].emulated]
         if emulated:
             devices = {}
@@ -486,7 +421,7 @@ async def _up(args: argparse.Namespace) -> int:
                 pids["devices"][node] = devices[node].pid
             _write_pids(layout, pids)
             device_logs = {n: [layout.node_dir(n) / sim_kinds.EMU_LOG] for n in emulated}
-            await _await_ready(listener, devices, device_logs, timeout)
+            await _await_ready(listener, devices, device_logs, timeout, what="devices")
         procs: dict[str, subprocess.Popen[bytes]] = {}
         logs: dict[str, list[Path]] = {}
         for node in nodes:
@@ -501,7 +436,14 @@ async def _up(args: argparse.Namespace) -> int:
             pids["nodes"][node] = procs[node].pid
             pids["markers"][node] = marker
         _write_pids(layout, pids)
-        await _await_ready(listener, procs, logs, timeout)
+        await _await_ready(
+            listener,
+            procs,
+            logs,
+            timeout,
+            what="nodes",
+            serving=lambda node: _serving(layout.node_dir(node)),
+        )
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(partial(_down, layout, grace=2.0, quiet=True))
