@@ -5,7 +5,9 @@ It takes the daemon's command line (``-P --fabric sim --sim-hub PATH --sim-node 
 joins the fabric through the hub (querying every port, as the daemon's port-up does), listens
 on ``<run_dir>/ibacm-unix.sock`` and the admin socket, writes its pid, sends sd_notify
 ``READY=1`` and serves until SIGTERM, then removes its sockets and lock file.
-``FAKE_IBACM_FAIL=<node>`` makes that node exit with an error before it is ready.
+``FAKE_IBACM_FAIL=<node>`` makes that node exit with an error before it is ready,
+``FAKE_IBACM_HANG=<node>`` makes it hang before it serves, ``FAKE_IBACM_SILENT=<node>`` makes it
+serve without sending READY=1 (as a daemon whose message was dropped).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ async def serve(args: argparse.Namespace) -> None:
     if os.environ.get("FAKE_IBACM_FAIL") == args.sim_node:
         print("failing on purpose (FAKE_IBACM_FAIL)", file=log, flush=True)
         sys.exit(3)
+    if os.environ.get("FAKE_IBACM_HANG") == args.sim_node:
+        print("hanging on purpose (FAKE_IBACM_HANG)", file=log, flush=True)
+        await trio.sleep_forever()
     fabric = HubFabric(args.sim_hub, args.sim_node)
     devices = await fabric.open()
     for device in devices:
@@ -64,7 +69,8 @@ async def serve(args: argparse.Namespace) -> None:
         with trio.open_signal_receiver(signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(trio.serve_listeners, hang_up, listeners)
-                await Notifier.from_environment().ready("serving (fake)")
+                if os.environ.get("FAKE_IBACM_SILENT") != args.sim_node:
+                    await Notifier.from_environment().ready("serving (fake)")
                 async for _ in signals:
                     print("SIGTERM, exiting", file=log, flush=True)
                     nursery.cancel_scope.cancel()

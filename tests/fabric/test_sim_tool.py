@@ -7,6 +7,7 @@ once the daemon exists.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -164,3 +165,41 @@ def test_bad_arguments_are_reported(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "cannot read topology" in fails(
         "up", "--topology", str(tmp_path / "missing.net"), "--dir", str(tmp_path / "y")
     )
+
+
+def test_a_timeout_names_the_node_that_is_really_not_ready(tmp_path: Path) -> None:
+    """node2 serves but its READY=1 is lost, node3 hangs: up blames node3 (it blamed the first
+    pending node, which was serving)."""
+    root = tmp_path / "t"
+    env = dict(os.environ, FAKE_IBACM_SILENT="node2", FAKE_IBACM_HANG="node3")
+    up = sim(
+        "up", "--nodes", "4", "--dir", str(root), "--daemon-cmd", daemon_cmd(), "--timeout", "8",
+        env=env,
+    )  # fmt: skip
+    assert up.returncode == 1
+    assert "1 process(es) not ready after 8 s, first node3" in up.stderr, up.stderr
+    assert "hanging on purpose" in up.stderr  # the tail of its log
+    assert leftovers(root) == []
+
+
+def test_up_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    master, slave = os.openpty()
+    try:
+        up = subprocess.run(
+            [sys.executable, "-m", "ibacm.tools.sim", "up", "--nodes", "5", "--dir", str(root),
+             "--daemon-cmd", daemon_cmd()],
+            stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120,
+        )  # fmt: skip
+        os.close(slave)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once everything written is read
+            while chunk := os.read(master, 4096):
+                shown += chunk
+    finally:
+        os.close(master)
+        sim("down", "--dir", str(root))
+    assert up.returncode == 0, shown
+    assert "5 node(s) up" in up.stdout
+    text = shown.decode()
+    assert "ibacm-sim: hub 1/1 ready" in text and "ibacm-sim: nodes 5/5 ready" in text
