@@ -3,13 +3,17 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo bench bench-throughput bench-storm bench-startup soak fuzz
+.PHONY: test demo sim-scale bench bench-throughput bench-storm bench-startup soak fuzz
 
 test:
 	bash scripts/test.sh
 
 demo:
 	bash scripts/demo.sh
+
+# SIM_SCALE_NODES (500) daemons of a simulated cluster up, a few pairs resolved, down.
+sim-scale:
+	bash scripts/sim-scale.sh
 
 # BENCH_FULL=1 adds the 4096-node storm (long); BENCH_SECONDS and BENCH_ROUNDS set the
 # seconds and repetitions of each throughput point.

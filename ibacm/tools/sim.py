@@ -46,7 +46,7 @@ from ibacm.fabric.sim.world import SimWorld
 from ibacm.tools import sim_exec, sim_kinds
 from ibacm.tools.sim_kinds import KindError, NodeKind
 from ibacm.tools.sim_ns import NamespaceError
-from ibacm.tools.sim_ready import Progress, ReadyError, ReadyListener, await_ready
+from ibacm.tools.sim_ready import Progress, ReadyError, ReadyListener, ReadyWaiter
 from ibacm.tools.spawn import module_command
 
 CLIENT_SOCKET = "ibacm-unix.sock"
@@ -335,21 +335,27 @@ def _spawn(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pop
             raise SimToolError(f"cannot start {shlex.join(command)}: {exc}") from exc
 
 
-async def _await_ready(
-    listener: ReadyListener,
-    procs: dict[str, subprocess.Popen[bytes]],
-    logs: dict[str, list[Path]],
-    timeout: float,
-    *,
-    what: str,
-    serving: Callable[[str], bool] | None = None,
-) -> None:
+def _waiter(
+    listener: ReadyListener, what: str, serving: Callable[[str], bool] | None = None
+) -> ReadyWaiter:
+    """A waiter for READY=1 that shows its progress on a terminal."""
+    return ReadyWaiter(listener, serving=serving, progress=Progress(sys.stderr, what))
+
+
+async def _await_ready(waiter: ReadyWaiter, logs: dict[str, list[Path]], timeout: float) -> None:
     """Wait for READY=1 from every process; fail naming one that died or is really stuck."""
-    progress = Progress(sys.stderr, what)
     try:
-        await await_ready(listener, procs, timeout, serving=serving, progress=progress)
+        await waiter.wait(timeout)
     except ReadyError as exc:
         raise SimToolError(f"{exc}:\n" + "\n".join(_tail(path) for path in logs[exc.name])) from exc
+
+
+def _node_serving(layout: Layout, kind: NodeKind, node: str) -> bool:
+    """The node answers clients, and (ours) its admin socket, which opens just before READY."""
+    node_dir = layout.node_dir(node)
+    if not _serving(node_dir):
+        return False
+    return kind is NodeKind.C or _connectable(layout.admin_socket(node))
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -410,19 +416,24 @@ async def _up(args: argparse.Namespace) -> int:
         hub = _spawn(hub_cmd, layout.hub_log, env)
         pids["hub"] = hub.pid
         _write_pids(layout, pids)
-        await _await_ready(listener, {"hub": hub}, {"hub": [layout.hub_log]}, timeout, what="hub")
+        hub_waiter = _waiter(listener, "hub")
+        hub_waiter.add("hub", hub)
+        await _await_ready(hub_waiter, {"hub": [layout.hub_log]}, timeout)
         emulated = [node for node in nodes if kinds[node].emulated]
         if emulated:
-            devices = {}
+            devices = _waiter(listener, "devices")
             for node in emulated:
                 node_dir = layout.node_dir(node)
                 command = sim_kinds.device_command(layout.hub_socket, node, node_dir)
-                devices[node] = _spawn(command, node_dir / sim_kinds.EMU_LOG, env)
-                pids["devices"][node] = devices[node].pid
+                device = _spawn(command, node_dir / sim_kinds.EMU_LOG, env)
+                devices.add(node, device)
+                pids["devices"][node] = device.pid
             _write_pids(layout, pids)
             device_logs = {n: [layout.node_dir(n) / sim_kinds.EMU_LOG] for n in emulated}
-            await _await_ready(listener, devices, device_logs, timeout, what="devices")
-        procs: dict[str, subprocess.Popen[bytes]] = {}
+            await _await_ready(devices, device_logs, timeout)
+        daemons = _waiter(
+            listener, "nodes", serving=lambda node: _node_serving(layout, kinds[node], node)
+        )
         logs: dict[str, list[Path]] = {}
         for node in nodes:
             node_dir = layout.node_dir(node)
@@ -431,19 +442,13 @@ async def _up(args: argparse.Namespace) -> int:
             if kinds[node].emulated:
                 assert library is not None
                 node_env = sim_kinds.emulated_env(env, library, node_dir)
-            procs[node] = _spawn(command, node_dir / "ibacm.out", node_env)
+            daemon = _spawn(command, node_dir / "ibacm.out", node_env)
+            daemons.add(node, daemon)  # also hears the nodes started before it
             logs[node] = [node_dir / LOG_FILE, node_dir / "ibacm.out"]
-            pids["nodes"][node] = procs[node].pid
+            pids["nodes"][node] = daemon.pid
             pids["markers"][node] = marker
         _write_pids(layout, pids)
-        await _await_ready(
-            listener,
-            procs,
-            logs,
-            timeout,
-            what="nodes",
-            serving=lambda node: _serving(layout.node_dir(node)),
-        )
+        await _await_ready(daemons, logs, timeout)
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(partial(_down, layout, grace=2.0, quiet=True))

@@ -10,8 +10,12 @@ one datagram per wake-up and walked /proc for every pending node against every r
 at 200 nodes the queue stayed full, READY=1 messages were dropped and ``up`` timed out
 blaming nodes that were serving.
 
-``Readiness`` is the bookkeeping (no I/O; the parent lookup is passed in); ``await_ready``
-runs it against real processes; ``Progress`` shows n/N on a terminal.
+The queue must also be emptied while ``up`` is still starting processes (500 starts take
+long enough for the first daemons to give up), and a node whose READY=1 was lost anyway
+still counts once it serves.
+
+``Readiness`` is the bookkeeping (no I/O; the parent lookup is passed in); ``ReadyWaiter``
+runs it against real processes as they are started; ``Progress`` shows n/N on a terminal.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import secrets
 import socket
 import struct
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -33,6 +37,9 @@ _ANCESTRY_DEPTH = 16
 
 _DRAIN_MAX = 4096
 """Datagrams taken per wake-up at most, so a flood cannot starve the exit checks."""
+
+_ORPHANS_MAX = 4096
+"""Messages kept for processes not named yet; beyond, strangers' messages are dropped."""
 
 
 def parse_notify(data: bytes, sender_pid: int) -> tuple[int, dict[str, str]]:
@@ -66,16 +73,27 @@ class Readiness:
     the started process it descends from (``parent_of`` walks up, at most once per pid).
     """
 
-    pids: Mapping[str, int]
+    pids: dict[str, int]
     parent_of: Callable[[int], int | None] = proc_parent
     ready: dict[str, str] = field(default_factory=dict)
     """name -> how it became ready ("notify" or "serving")."""
     status: dict[str, str] = field(default_factory=dict)
     """name -> the last STATUS= it sent."""
     _by_pid: dict[int, str | None] = field(default_factory=dict)
+    _orphans: list[tuple[int, Mapping[str, str]]] = field(default_factory=list)
+    """Messages from no known process yet: a process may notify before ``add`` names it."""
 
     def __post_init__(self) -> None:
         self._by_pid.update({pid: name for name, pid in self.pids.items()})
+
+    def add(self, name: str, pid: int) -> None:
+        """One more started process (``up`` listens while it starts them)."""
+        self.pids[name] = pid
+        self._by_pid[pid] = name
+        if self._orphans:  # it (or a child) may have spoken already: settle them again
+            self._by_pid = {p: n for p, n in self._by_pid.items() if n is not None}
+            orphans, self._orphans = self._orphans, []
+            self.take(orphans)
 
     @property
     def total(self) -> int:
@@ -108,6 +126,8 @@ class Readiness:
         """Take one message; returns the name it made ready, if it did."""
         name = self.owner(pid)
         if name is None:
+            if len(self._orphans) < _ORPHANS_MAX:
+                self._orphans.append((pid, fields))
             return None
         if "STATUS" in fields:
             self.status[name] = fields["STATUS"]
@@ -119,6 +139,10 @@ class Readiness:
     def mark_serving(self, name: str) -> None:
         """``name`` serves although its READY=1 never arrived (its sender dropped it)."""
         self.ready.setdefault(name, "serving")
+
+    def take(self, messages: Iterable[tuple[int, Mapping[str, str]]]) -> None:
+        for pid, fields in messages:
+            self.notified(pid, fields)
 
 
 class ReadyListener:
@@ -195,6 +219,103 @@ class ReadyError(Exception):
         self.name = name
 
 
+class ReadyWaiter:
+    """Collects READY=1 for processes as they are started, then waits for the rest.
+
+    Each ``add`` also takes what has arrived so far: while ``up`` starts hundreds of
+    processes, the first ones are already notifying, and a queue left full for seconds makes
+    their senders drop READY=1.
+    """
+
+    def __init__(
+        self,
+        listener: ReadyListener,
+        *,
+        serving: Callable[[str], bool] | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.listener = listener
+        self.serving = serving
+        self.progress = progress
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.state = Readiness({})
+
+    def add(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        self.procs[name] = proc
+        self.state.add(name, proc.pid)
+        self.state.take(self.listener.drain())
+        self._show()
+
+    async def wait(
+        self,
+        timeout: float,
+        *,
+        exit_check_interval: float = 0.25,
+        probe_interval: float = 5.0,
+    ) -> Readiness:
+        """Wait until every process is ready.
+
+        Raises ``ReadyError`` for the first process that exits before it is ready, or at the
+        timeout, naming a process that is really not ready. Every ``probe_interval`` seconds
+        the pending processes ``serving`` reports as serving count as ready: a sender that
+        found the queue full for too long dropped its READY=1 and will not send it again.
+        """
+        state = self.state
+        now = trio.current_time()
+        next_check, next_probe = now, now + probe_interval
+        with trio.move_on_after(timeout):
+            while len(state.ready) < state.total:
+                with trio.move_on_after(exit_check_interval):
+                    await self.listener.wait()
+                state.take(self.listener.drain())
+                self._show()
+                now = trio.current_time()
+                if now >= next_check:
+                    next_check = now + exit_check_interval
+                    self._raise_if_exited()
+                if now >= next_probe:
+                    next_probe = now + probe_interval
+                    self._probe()
+            self._finish()
+            return state
+        state.take(self.listener.drain())  # what came in with the deadline
+        self._raise_if_exited()
+        self._probe()
+        self._finish()
+        stuck = state.pending()
+        if not stuck:
+            return state
+        name = stuck[0]
+        status = state.status.get(name, "no status")
+        raise ReadyError(
+            name,
+            f"{len(stuck)} process(es) not ready after {timeout:g} s, first {name} "
+            f"(pid {self.procs[name].pid}, last status: {status})",
+        )
+
+    def _probe(self) -> None:
+        if self.serving is None:
+            return
+        for name in self.state.pending():
+            if self.serving(name):
+                self.state.mark_serving(name)
+
+    def _show(self) -> None:
+        if self.progress is not None:
+            self.progress.update(len(self.state.ready), self.state.total)
+
+    def _finish(self) -> None:
+        if self.progress is not None:
+            self.progress.update(len(self.state.ready), self.state.total, force=True)
+            self.progress.finish()
+
+    def _raise_if_exited(self) -> None:
+        for name in self.state.pending():
+            code = self.procs[name].poll()
+            if code is not None:
+                raise ReadyError(name, f"{name} exited with status {code} before it was ready")
+
+
 async def await_ready(
     listener: ReadyListener,
     procs: Mapping[str, subprocess.Popen[bytes]],
@@ -202,58 +323,10 @@ async def await_ready(
     *,
     serving: Callable[[str], bool] | None = None,
     progress: Progress | None = None,
-    exit_check_interval: float = 0.25,
+    probe_interval: float = 5.0,
 ) -> Readiness:
-    """Wait until every process has sent READY=1.
-
-    Raises ``ReadyError`` for the first process that exits before it is ready, or at the
-    timeout. At the timeout, a process ``serving`` reports as serving counts as ready (its
-    READY=1 was lost), and the error names a process that is really not ready.
-    """
-    state = Readiness({name: proc.pid for name, proc in procs.items()})
-    next_check = trio.current_time()
-    with trio.move_on_after(timeout):
-        while len(state.ready) < state.total:
-            with trio.move_on_after(exit_check_interval):
-                await listener.wait()
-            for pid, fields in listener.drain():
-                state.notified(pid, fields)
-            if progress is not None:
-                progress.update(len(state.ready), state.total)
-            if trio.current_time() >= next_check:
-                next_check = trio.current_time() + exit_check_interval
-                _raise_if_exited(state, procs)
-        _finish(progress, state)
-        return state
-    for pid, fields in listener.drain():  # what came in with the deadline
-        state.notified(pid, fields)
-    _raise_if_exited(state, procs)
-    stuck = []
-    for name in state.pending():
-        if serving is not None and serving(name):
-            state.mark_serving(name)
-        else:
-            stuck.append(name)
-    _finish(progress, state)
-    if not stuck:
-        return state
-    name = stuck[0]
-    status = state.status.get(name, "no status")
-    raise ReadyError(
-        name,
-        f"{len(stuck)} process(es) not ready after {timeout:g} s, first {name} "
-        f"(pid {procs[name].pid}, last status: {status})",
-    )
-
-
-def _finish(progress: Progress | None, state: Readiness) -> None:
-    if progress is not None:
-        progress.update(len(state.ready), state.total, force=True)
-        progress.finish()
-
-
-def _raise_if_exited(state: Readiness, procs: Mapping[str, subprocess.Popen[bytes]]) -> None:
-    for name in state.pending():
-        code = procs[name].poll()
-        if code is not None:
-            raise ReadyError(name, f"{name} exited with status {code} before it was ready")
+    """Wait until every one of ``procs`` (already started) has sent READY=1 (``ReadyWaiter``)."""
+    waiter = ReadyWaiter(listener, serving=serving, progress=progress)
+    for name, proc in procs.items():
+        waiter.add(name, proc)
+    return await waiter.wait(timeout, probe_interval=probe_interval)

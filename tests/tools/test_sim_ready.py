@@ -5,8 +5,10 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,15 +20,16 @@ from ibacm.tools.sim_ready import (
     Readiness,
     ReadyError,
     ReadyListener,
+    ReadyWaiter,
     await_ready,
     parse_notify,
 )
 
 # A sender as the daemon sends (ibacm.core.systemd.Notifier): one READY=1 datagram, retried on
-# a full queue (EAGAIN) with growing pauses for at most 5 s, then dropped (exit 7). It starts
-# when the test unlocks the file given as argv[1] (it waits for a shared lock): all at once.
-# argv[2]: "ready" (notify, then wait for SIGTERM), "silent" (mark argv[3] as serving, never
-# notify), "hang" (neither), "fail" (exit 3).
+# a full queue (EAGAIN) with growing pauses for at most argv[4] s (the daemon: 5), then dropped
+# (exit 7). It starts when the test unlocks the file given as argv[1] (it waits for a shared
+# lock): all at once. argv[2]: "ready" (notify, then wait to be killed), "silent" (mark argv[3]
+# as serving, never notify), "hang" (neither), "fail" (exit 3).
 SENDER = r"""
 import fcntl, os, socket, sys, time
 fcntl.flock(open(sys.argv[1]), fcntl.LOCK_SH)
@@ -39,7 +42,7 @@ if mode == "ready":
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     s.setblocking(False)
     address = "\0" + os.environ["NOTIFY_SOCKET"][1:]
-    deadline, pause = time.monotonic() + 5.0, 0.01
+    deadline, pause = time.monotonic() + float(sys.argv[4]), 0.01
     while True:
         try:
             s.sendto(b"READY=1\nSTATUS=serving (sender)", address)
@@ -56,23 +59,32 @@ time.sleep(120)
 class Senders:
     """Real processes notifying one listener, released together by a file lock."""
 
-    def __init__(self, tmp: Path, listener: ReadyListener) -> None:
+    def __init__(self, tmp: Path, listener: ReadyListener, *, give_up: float = 5.0) -> None:
         self.gate = tmp / "start"
         self.gate.touch()
+        self.give_up = give_up
         self._lock = open(self.gate)  # noqa: SIM115 - held until release()
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.tmp = tmp
         self.env = dict(os.environ, NOTIFY_SOCKET=listener.name)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def add(self, name: str, mode: str = "ready", *, wrapped: bool = False) -> None:
-        argv = [sys.executable, "-S", "-c", SENDER, str(self.gate), mode, str(self.serving(name))]
+    def add(
+        self, name: str, mode: str = "ready", *, wrapped: bool = False
+    ) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-S", "-c", SENDER, str(self.gate), mode]
+        argv += [str(self.serving(name)), str(self.give_up)]
         if wrapped:  # the notifier is a child of the started process (as under unshare + sh)
             argv = ["/bin/sh", "-c", '"$@"; exit $?', "wrapper", *argv]
         self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL)
+        return self.procs[name]
 
     def serving(self, name: str) -> Path:
         return self.tmp / f"{name}.serving"
+
+    def open_gate(self) -> None:
+        """Let every sender go as soon as it starts."""
+        self._lock.close()
 
     async def release(self) -> None:
         """Once every sender waits for the lock (as /proc/locks shows), let them all go."""
@@ -162,6 +174,27 @@ async def test_150_notifiers_at_once_are_all_heard(tmp_path: Path, listener: Rea
 
 
 @pytest.mark.trio
+async def test_notifiers_are_heard_while_the_others_are_still_being_started(
+    tmp_path: Path, listener: ReadyListener
+) -> None:
+    """Each sender notifies as soon as it starts and gives up after 0.3 s, while starting all
+    of them takes longer: the queue must be emptied between two starts (at 500 nodes ``up``
+    spent long enough starting daemons that 320 of them dropped READY=1)."""
+    senders = Senders(tmp_path, listener, give_up=0.3)
+    senders.open_gate()
+    waiter = ReadyWaiter(listener)
+    try:
+        for i in range(120):
+            waiter.add(f"node{i}", senders.add(f"node{i}"))
+            time.sleep(0.01)  # a start takes this long on a loaded machine (blocking, like fork)
+        state = await waiter.wait(60)
+        assert len(state.ready) == 120
+        assert [n for n, p in senders.procs.items() if p.poll() is not None] == []
+    finally:
+        senders.stop()
+
+
+@pytest.mark.trio
 async def test_the_timeout_names_a_process_that_is_really_not_ready(
     tmp_path: Path, listener: ReadyListener
 ) -> None:
@@ -178,11 +211,16 @@ async def test_the_timeout_names_a_process_that_is_really_not_ready(
             )
         assert caught.value.name == "node3"
         assert str(caught.value).startswith("1 process(es) not ready after 3 s, first node3")
-        # Without a stuck one, the serving ones count as ready.
+        # The serving ones count as ready at the next probe, long before the timeout.
         silent = {name: senders.procs[name] for name in ("node2", "node4")}
-        state = await await_ready(
-            listener, silent, 1, serving=lambda name: senders.serving(name).exists()
-        )
+        with trio.fail_after(20):
+            state = await await_ready(
+                listener,
+                silent,
+                60,
+                serving=lambda name: senders.serving(name).exists(),
+                probe_interval=0.2,
+            )
         assert state.ready == {"node2": "serving", "node4": "serving"}
     finally:
         senders.stop()
@@ -204,6 +242,16 @@ async def test_a_process_that_exits_is_named_at_once(
         senders.stop()
 
 
+def _read_line(fd: int) -> str:
+    """What a terminal shows up to its first newline (a pty may hand it over in pieces)."""
+    shown = b""
+    while not shown.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], 10)
+        assert ready, f"the terminal stopped at {shown!r}"
+        shown += os.read(fd, 4096)
+    return shown.decode()
+
+
 @pytest.mark.trio
 async def test_progress_counts_on_a_terminal_only() -> None:
     master, slave = os.openpty()
@@ -212,7 +260,7 @@ async def test_progress_counts_on_a_terminal_only() -> None:
         for done in range(4):
             progress.update(done, 3)
         progress.finish()
-        shown = os.read(master, 4096).decode()
+        shown = _read_line(master)
     os.close(master)
     assert "ibacm-sim: nodes 0/3 ready" in shown and shown.rstrip().endswith("nodes 3/3 ready")
     assert shown.endswith("\n")
@@ -221,3 +269,18 @@ async def test_progress_counts_on_a_terminal_only() -> None:
     quiet.update(1, 3)
     quiet.finish()
     assert plain.getvalue() == ""
+
+
+def test_a_message_before_its_process_is_named_still_counts() -> None:
+    """Processes started together may notify before ``up`` has named them all: a message
+    from a stranger so far must count once its process (or its parent) is named."""
+    state = Readiness({"node1": 100}, {301: 300}.get)
+    state.notified(200, {"READY": "1", "STATUS": "early"})  # node2, not named yet
+    state.notified(301, {"READY": "1"})  # a child of node3, not named yet
+    state.notified(9000, {"READY": "1"})  # a stranger for good
+    assert state.ready == {}
+    state.add("node2", 200)
+    assert state.ready == {"node2": "notify"} and state.status["node2"] == "early"
+    state.add("node3", 300)
+    assert state.ready == {"node2": "notify", "node3": "notify"}
+    assert state.pending() == ["node1"]
