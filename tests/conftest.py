@@ -21,9 +21,20 @@ CAPTURES = SHARED / "captures" / "client-requests"
 SPEC = SHARED / "spec"
 
 
+def _third_party(executable: str) -> str | None:
+    """The executable on PATH that is not ours: with the venv activated its bin directory
+    comes first and holds our own ``ib_acme``, which must never stand in for the real one."""
+    ours = (Path(sys.prefix).resolve(), REPO.resolve())
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        found = shutil.which(executable, path=directory or ".")
+        if found and not any(Path(found).resolve().is_relative_to(mine) for mine in ours):
+            return found
+    return None
+
+
 def require_peer(executable: str) -> str:
     """Return the path of a real third-party executable, or skip/fail when it is missing."""
-    path = shutil.which(executable) or (executable if os.path.exists(executable) else None)
+    path = _third_party(executable) or (executable if os.path.exists(executable) else None)
     if path is None:
         message = f"real peer {executable!r} is not installed (run scripts/setup.sh as root)"
         if os.environ.get("CI") == "true":

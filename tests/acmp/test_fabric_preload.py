@@ -4,11 +4,13 @@ fabric."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from ibacm.acmp.cache import EntryState, cache_key
 from ibacm.config.options import AddrPreload, Options, RoutePreload
@@ -204,16 +206,29 @@ async def test_cache_is_saved_periodically(autojump_clock: object, tmp_path: Pat
             return 0
         return sum(len(entries) for entries in saved["endpoints"].values())
 
-    async with cluster(2, options(cache_file=str(cache_file), cache_save_interval=60)) as c:
+    # One daemon writes the file: two savers' worker threads may finish in any order, and
+    # while one runs the mock clock jumps on, so a stale empty save could land last.
+    saving = options(cache_file=str(cache_file), cache_save_interval=60)
+    async with cluster(2, saving, start=["node1"], ready=False) as c:
+        await c.add_node("node2", options())
+        await c.wait_ready()
         assert (
             await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
         ).status == 0
         await trio.sleep(61)
-        for _ in range(500):  # the save runs in a worker thread: wait in real time
-            if saved_entries():
+        # The save runs in a worker thread: wait for it in real time with the mock clock
+        # held, or it would run on to later saves and expiry meanwhile.
+        clock = autojump_clock
+        assert isinstance(clock, trio.testing.MockClock)
+        clock.autojump_threshold = math.inf
+        seen = 0
+        for _ in range(1000):
+            seen = saved_entries()
+            if seen:
                 break
             await trio.to_thread.run_sync(time.sleep, 0.01)
-        assert saved_entries() >= 1  # written while the daemon runs, not only at stop
+        clock.autojump_threshold = 0
+        assert seen >= 1  # written while the daemon runs, not only at stop
 
 
 async def test_a_corrupt_cache_file_is_ignored(autojump_clock: object, tmp_path: Path) -> None:
