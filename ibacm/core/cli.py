@@ -240,9 +240,7 @@ def serve(
             failure = _startup_failure(exc, args.fabric)
             if failure is None:
                 log.exception("ibacm stopped by an unexpected error")
-                return _fail(
-                    readiness, EXIT_STARTUP, f"ibacm: unexpected error: {exc!r}", release
-                )
+                return _fail(readiness, EXIT_STARTUP, f"ibacm: unexpected error: {exc!r}", release)
             status, message = failure
             if message:
                 log.error("cannot start", reason=message)

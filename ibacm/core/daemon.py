@@ -505,9 +505,7 @@ class Daemon:
                 log.warning("option file", problem=str(issue))
         return self._with_overrides(options), errors_in(issues)
 
-    def _read_addresses(
-        self, options: Options
-    ) -> tuple[list[AddrEntry] | None, list[ConfigIssue]]:
+    def _read_addresses(self, options: Options) -> tuple[list[AddrEntry] | None, list[ConfigIssue]]:
         """The address file's entries as the new options read it (None: the file is gone,
         and the topology handles that as it always did), and its errors."""
         path = self.addr_file.path

@@ -357,7 +357,7 @@ extensions:
    --json           - print one JSON document instead of the text
    --run-dir DIR    - directory of the service socket and TCP port file (default /run)
    --timeout SEC    - give up on an unanswered request after SEC seconds (default {
-        DEFAULT_TIMEOUT:g})
+    DEFAULT_TIMEOUT:g})
    --fabric hw|sim  - where -A finds devices: this host's HCAs (default) or a simulated
                       cluster node (--sim-dir DIR --sim-node NAME)
 """
