@@ -149,7 +149,9 @@ def daemon_marker(node_dir: Path, opts_file: str) -> str:
 def c_command(node_dir: Path, opts: Path, addr: Path) -> list[str]:
     # --systemd: sd_notify READY=1 once it listens (no socket is passed, so it makes its own).
     daemon = [str(C_DAEMON), "-P", "--systemd", "-A", str(addr), "-O", str(opts)]
-    return private_run_argv(node_dir, daemon)
+    # As its systemd unit runs it: without IgnoreSIGPIPE=yes (systemd's default) the C
+    # daemon dies when a client closes before reading its answer (send without MSG_NOSIGNAL).
+    return private_run_argv(node_dir, daemon, ignore_sigpipe=True)
 
 
 def emulated_env(base: dict[str, str], library: Path, node_dir: Path) -> dict[str, str]:

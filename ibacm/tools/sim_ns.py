@@ -33,12 +33,14 @@ def private_run_argv(
     argv: Sequence[str],
     *,
     binds: Sequence[tuple[Path, str]] = (),
+    ignore_sigpipe: bool = False,
 ) -> list[str]:
     """The command line that runs ``argv`` with ``run_dir`` bound on ``/run``.
 
     ``binds`` adds more (source, target) bind mounts made before ``argv`` starts (e.g. a fake
     device node). ``unshare`` (no ``--fork``) execs the shell, which only mounts and then
-    ``exec``s ``argv``: the pid the caller gets is the program's own.
+    ``exec``s ``argv``: the pid the caller gets is the program's own. ``ignore_sigpipe``
+    starts it with SIGPIPE ignored, as systemd starts a service (``IgnoreSIGPIPE=yes``).
     """
     reason = namespace_support()
     if reason is not None:
@@ -48,6 +50,8 @@ def private_run_argv(
     mounts = [("mount", "--bind", str(run_dir), "/run")]
     mounts += [("mount", "--bind", str(src), dst) for src, dst in binds]
     script = " && ".join(shlex.join(m) for m in mounts) + ' && exec "$@"'
+    if ignore_sigpipe:  # an ignored signal stays ignored across exec
+        script = "trap '' PIPE && " + script
     return [
         "unshare",
         "--mount",

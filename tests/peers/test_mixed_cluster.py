@@ -191,6 +191,35 @@ def test_every_ordered_pair_resolves(mixed: Cluster, form: str) -> None:
     assert not failures, "\n".join(failures)
 
 
+def hang_up_early(path: str, request: bytes, times: int) -> None:
+    """Clients that send a request and close before its answer is written."""
+    for _ in range(times):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            sock.sendall(request)
+
+
+def test_clients_that_hang_up_early_leave_every_daemon_serving(mixed: Cluster) -> None:
+    """The answer to a client that has gone fails with EPIPE. rdma-core's daemon writes it
+    without MSG_NOSIGNAL, so it lives only because systemd starts services with SIGPIPE
+    ignored; ibacm-sim starts C nodes the same way (before, a load generator's last
+    connections killed them)."""
+    from ibacm.wire.client import AcmHdr, AcmMessage, AcmOp, EpAddr, EpFlag
+
+    for src in NODES:
+        dst = "node3" if src != "node3" else "node4"
+        assert ib_acme(mixed, src, "-f", "n", "-s", src, "-d", dst).returncode == 0
+        entries = [EpAddr.from_name(src, EpFlag.SOURCE), EpAddr.from_name(dst, EpFlag.DEST)]
+        request = AcmMessage(hdr=AcmHdr(opcode=AcmOp.RESOLVE), entries=entries).encode()
+        hang_up_early(mixed.socket(src), request, 300)
+        result = ib_acme(mixed, src, "-f", "n", "-s", src, "-d", dst, "-v")
+        assert result.returncode == 0 and dlid(result) == mixed.lid(dst), result.stdout
+    report = json.loads(mixed.sim("status", "--json"))
+    assert {node["name"]: node["state"] for node in report["nodes"]} == dict.fromkeys(
+        NODES, "running"
+    )
+
+
 def test_each_daemon_learns_the_other_through_the_acm_protocol(fresh: Cluster) -> None:
     """A fresh C node asks our node's address over ACM MADs, and ours asks the C node's."""
     mads = mad_counts(fresh)
