@@ -3,7 +3,7 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo sim-scale bench bench-throughput bench-storm bench-startup soak fuzz
+.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-startup soak fuzz
 
 test:
 	bash scripts/test.sh
@@ -19,10 +19,15 @@ sim-scale:
 # seconds and repetitions of each throughput point.
 bench: bench-startup bench-throughput bench-storm
 
-bench-throughput:
+# matplotlib (the bench extra) draws the plots of docs/benchmarks.md; offline, the figures
+# are still measured.
+bench-deps:
+	-$(PYTHON) -m pip install -q -e '.[bench]'
+
+bench-throughput: bench-deps
 	$(PYTHON) -m tests.bench.throughput
 
-bench-storm:
+bench-storm: bench-deps
 	$(PYTHON) -m tests.bench.storm
 
 bench-startup:

@@ -63,7 +63,7 @@ from ibacm.config.options import Options, RouteProt
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
-from tests.bench import storm_cluster
+from tests.bench import plots, storm_cluster
 from tests.bench.common import (
     BenchError,
     current_rss_mb,
@@ -453,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     for target, outcome in found.items():
         print(f"target {target}: {outcome}")
     write_results("storm", {"points": points, "targets": found})
+    plots.plot("storm")
     return 0
 
 

@@ -1,0 +1,131 @@
+"""Plots of the last benchmark results, for docs/benchmarks.md.
+
+    python -m tests.bench.plots [throughput] [storm]
+
+Reads ``tests/bench/results/<name>.json`` and writes ``docs/img/<name>.svg``: throughput
+against clients (one line per server), and the storm's wall time and SA PathRecord queries
+against N (one line per configuration). matplotlib is the ``bench`` extra
+(``pip install -e '.[bench]'``), never a dependency of the daemon; without it the benchmarks
+still run and say how to get the plots.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.bench.common import REPO_ROOT, RESULTS_DIR
+
+DOCS_IMG = REPO_ROOT / "docs" / "img"
+LABELS = {
+    "c_responder": "C epoll responder (floor)",
+    "trio_floor": "trio server doing no work",
+    "c_ibacm": "rdma-core C ibacm",
+    "ibacm": "ibacm (ours)",
+}
+
+
+def _pyplot() -> Any | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plots skipped: matplotlib is missing (pip install -e '.[bench]')")
+        return None
+    plt.rcParams["svg.hashsalt"] = "ibacm"  # the same figures give the same file
+    plt.rcParams["svg.fonttype"] = "none"  # text stays text: a small, greppable file
+    return plt
+
+
+def throughput_plot(results: dict[str, Any], out: Path) -> Path | None:
+    plt = _pyplot()
+    if plt is None:
+        return None
+    figure, (rps_axis, p50_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for server, label in LABELS.items():
+        points = results.get(server)
+        if not isinstance(points, dict):
+            continue
+        clients = sorted(int(count) for count in points)
+        rps_axis.plot(clients, [points[str(c)]["rps"] / 1000 for c in clients], "o-", label=label)
+        p50_axis.plot(clients, [points[str(c)]["p50_us"] for c in clients], "o-", label=label)
+    for axis, title in ((rps_axis, "cached RESOLVE, k requests/s"), (p50_axis, "p50 latency, µs")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent clients")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+    p50_axis.set_yscale("log")
+    rps_axis.legend(fontsize=8)
+    figure.suptitle(f"Throughput ({results.get('when', '')}, {_machine(results)})", fontsize=9)
+    return _save(plt, figure, out)
+
+
+def storm_plot(results: dict[str, Any], out: Path) -> Path | None:
+    plt = _pyplot()
+    if plt is None:
+        return None
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for point in results.get("points", []):
+        if "skipped" not in point and "error" not in point:
+            by_config.setdefault(point["config"], []).append(point)
+    figure, (wall_axis, sa_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for config, points in sorted(by_config.items()):
+        points.sort(key=lambda point: point["nodes"])
+        nodes = [point["nodes"] for point in points]
+        wall_axis.plot(nodes, [point["wall_s"] for point in points], "o-", label=config)
+        queries = [max(point.get("sa_path_queries", 0), 0.5) for point in points]
+        sa_axis.plot(nodes, queries, "o-", label=config)
+    for axis, title in ((wall_axis, "storm wall time, s"), (sa_axis, "SA PathRecord queries")):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("nodes (N)")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+    wall_axis.legend(fontsize=8)
+    figure.suptitle(f"Job-start storm ({results.get('when', '')}, {_machine(results)})", fontsize=9)
+    return _save(plt, figure, out)
+
+
+def _machine(results: dict[str, Any]) -> str:
+    machine = results.get("machine", {})
+    return f"{machine.get('cores', '?')} cores, CPython {machine.get('python', '?')}"
+
+
+def _save(plt: Any, figure: Any, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(out, format=out.suffix.lstrip("."), metadata={"Date": None})
+    plt.close(figure)
+    print(f"-> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}")
+    return out
+
+
+PLOTS = {"throughput": throughput_plot, "storm": storm_plot}
+
+
+def plot(name: str) -> Path | None:
+    """The plot of ``results/<name>.json`` (None when the file or matplotlib is missing)."""
+    source = RESULTS_DIR / f"{name}.json"
+    if not source.exists():
+        print(f"no {source.relative_to(REPO_ROOT)}: run the benchmark first")
+        return None
+    return PLOTS[name](json.loads(source.read_text()), DOCS_IMG / f"{name}.svg")
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = (argv if argv is not None else sys.argv[1:]) or list(PLOTS)
+    unknown = [name for name in names if name not in PLOTS]
+    if unknown:
+        print(f"unknown plot(s) {', '.join(unknown)}; known: {', '.join(PLOTS)}")
+        return 2
+    for name in names:
+        plot(name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
