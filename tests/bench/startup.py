@@ -13,6 +13,8 @@ our own ``NOTIFY_SOCKET``. For each start it measures:
 
 The floor next to it: how long this interpreter takes to start and exit (``python -c pass``)
 and to import the daemon's modules, so the share that is ours is visible.
+
+Targets: READY within 0.5 s and an idle RSS of at most 40 MB (medians).
 """
 
 from __future__ import annotations
@@ -30,11 +32,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import VENV_BIN, BenchError, bench_env, proc_rss_mb, write_results
+from tests.bench.common import (
+    VENV_BIN,
+    BenchError,
+    bench_env,
+    proc_rss_mb,
+    verdict,
+    write_results,
+)
 from tests.bench.throughput import resolve_request
 
 READY_TIMEOUT = 60.0
 IDLE_SECONDS = 1.0
+TARGET_READY_MS = 500.0
+TARGET_RSS_MB = 40.0
 
 
 def notify_socket() -> tuple[socket.socket, str]:
@@ -189,7 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         f"(python start {floor['python_start_ms']} ms, imports {floor['import_daemon_ms']} ms)"
     )
     print(f"idle RSS: median {summary['idle_rss_mb']['median']} MB")
-    write_results("startup", {"runs": runs, "summary": summary, "floor": floor})
+    targets = {
+        f"ready<={TARGET_READY_MS:g}ms": verdict(summary["ready_ms"]["median"] <= TARGET_READY_MS),
+        f"idle_rss<={TARGET_RSS_MB:g}MB": verdict(
+            summary["idle_rss_mb"]["median"] <= TARGET_RSS_MB
+        ),
+    }
+    for target, outcome in targets.items():
+        print(f"target {target}: {outcome}")
+    write_results("startup", {"runs": runs, "summary": summary, "floor": floor, "targets": targets})
     return 0
 
 
