@@ -22,8 +22,8 @@ Each (N, configuration) runs in a fresh child process so that its peak RSS is it
 N daemons share one heap here, N times bigger than any real daemon's, so the harness freezes
 the start-up objects out of the garbage collector and collects less often (recorded as
 ``gc`` in the results). Targets at N = 1024: <= 1.05 N multicast requests, <= N SA
-PathRecord queries (bulk), <= 60 s wall (``wall_s``: the storm itself; the start-up's wall
-time is ``startup.wall_s``).
+PathRecord queries (bulk), <= 15 s wall with acm and <= 60 s for the others (``wall_s``: the
+storm itself; the start-up's wall time is ``startup.wall_s``).
 
 Every daemon's receive queue holds the first burst of N-1 requests (``recv_depth`` =
 max(1024, N)); see ``storm_point``.
@@ -351,6 +351,10 @@ def print_point(figures: dict[str, Any]) -> None:
     )
 
 
+WALL_TARGETS_1024 = {"acm": 15.0}
+"""Storm wall targets at N = 1024 (seconds); the other configurations keep 60 s."""
+
+
 def targets(points: list[dict[str, Any]]) -> dict[str, str]:
     found: dict[str, str] = {}
     for figures in points:
@@ -361,7 +365,8 @@ def targets(points: list[dict[str, Any]]) -> dict[str, str]:
         found[f"{config}: multicast requests <= 1.05N"] = verdict(
             figures["multicast_requests"] <= 1.05 * n
         )
-        found[f"{config}: wall <= 60 s"] = verdict(figures["wall_s"] <= 60)
+        limit = WALL_TARGETS_1024.get(config, 60.0)
+        found[f"{config}: wall <= {limit:g} s"] = verdict(figures["wall_s"] <= limit)
         found[f"{config}: all resolved"] = verdict(figures["succeeded"] == figures["resolutions"])
         if config == "bulk":
             found["bulk: SA PathRecord queries <= N (incl. start-up GetTables)"] = verdict(
@@ -375,9 +380,9 @@ C_REAL_MAX = 64
 minute or two."""
 
 
-def c_real(count: int) -> dict[str, Any]:
-    if count > C_REAL_MAX:
-        skipped = f"c_real not run above N={C_REAL_MAX} (a process pair per node)"
+def c_real(count: int, most: int = C_REAL_MAX) -> dict[str, Any]:
+    if count > most:
+        skipped = f"c_real not run above N={most} (a process pair per node; see --c-real-max)"
         print(f"N={count:5} c_real     skipped: {skipped}")
         return {"nodes": count, "config": "c_real", "skipped": skipped}
     figures = storm_cluster.c_real_point(count)
@@ -408,7 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--configs",
         default=",".join(CONFIGS),
-        help=f"{', '.join(CONFIGS)}, and c_real (real C daemons, N <= {C_REAL_MAX})",
+        help=f"{', '.join(CONFIGS)}, and c_real (real C daemons, N <= --c-real-max)",
+    )
+    parser.add_argument(
+        "--c-real-max",
+        type=int,
+        default=C_REAL_MAX,
+        help=f"largest N run with real C daemons (default {C_REAL_MAX}; ~40 MB per node)",
+    )
+    parser.add_argument(
+        "--baseline-max",
+        type=int,
+        default=BASELINE_MAX,
+        help=f"largest N run with c_baseline (default {BASELINE_MAX}; N(N-1) SA queries)",
     )
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per point")
     parser.add_argument(
@@ -436,11 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     for count in (int(part) for part in args.nodes.split(",") if part.strip()):
         for config in (part.strip() for part in args.configs.split(",") if part.strip()):
             if config == "c_real":
-                points.append(c_real(count))
+                points.append(c_real(count, args.c_real_max))
                 continue
-            if config == "c_baseline" and count > BASELINE_MAX and not args.baseline_all:
+            if config == "c_baseline" and count > args.baseline_max and not args.baseline_all:
                 # N(N-1) SA queries through one simulated SA: hours of wall time at 4096.
-                skipped = f"not run above N={BASELINE_MAX} (use --baseline-all)"
+                skipped = f"not run above N={args.baseline_max} (use --baseline-all)"
                 points.append({"nodes": count, "config": config, "skipped": skipped})
                 print(f"N={count:5} {config:10} skipped: {skipped}")
                 continue
