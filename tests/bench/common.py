@@ -13,6 +13,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,12 @@ VENV_BIN = Path(sys.executable).parent
 
 class BenchError(Exception):
     """A benchmark cannot run here (no gcc, a daemon did not start...)."""
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (timeout(1), a CI cancel) unwinds like Ctrl-C, so every ``finally`` that takes a
+    simulated cluster down runs: a killed benchmark leaves no daemons behind."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def machine_facts() -> dict[str, Any]:

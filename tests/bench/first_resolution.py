@@ -32,6 +32,7 @@ from tests.bench.common import (
     VENV_BIN,
     BenchError,
     bench_env,
+    exit_on_sigterm,
     percentile,
     ratio,
     verdict,
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", type=int, default=40, help="destinations per daemon")
     parser.add_argument("--route-prot", default="acm,sa", help="comma-separated: acm, sa")
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     protocols = [p.strip() for p in args.route_prot.split(",") if p.strip()]
     with tempfile.TemporaryDirectory(prefix="ibacm-bench-") as tmp:
         figures = run(Path(tmp), args.targets, protocols)

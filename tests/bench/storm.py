@@ -67,6 +67,7 @@ from tests.bench import plots, storm_cluster
 from tests.bench.common import (
     BenchError,
     current_rss_mb,
+    exit_on_sigterm,
     self_peak_rss_mb,
     verdict,
     write_results,
@@ -442,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "--client-rtt-us", type=float, default=CLIENT_RTT * 1e6, help="see CLIENT_RTT"
     )
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     if args.one:
         count, config = int(args.one[0]), args.one[1]
         if config not in CONFIGS:

@@ -50,6 +50,7 @@ from tests.bench.common import (
     VENV_BIN,
     BenchError,
     bench_env,
+    exit_on_sigterm,
     gcc_build,
     proc_rss_mb,
     ratio,
@@ -322,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         help="destinations of the uncached first-resolution part (0: skip it)",
     )
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     clients = [int(part) for part in args.clients.split(",") if part.strip()]
     c_reason = first_resolution.c_support()
     if c_reason is not None:
