@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.text import Text
@@ -40,6 +39,7 @@ from textual.widgets import (
 )
 
 from ibacm import __version__
+from ibacm.tools.admin_target import admin_target
 from ibacm.wire.admin import EventMessage
 from tui.client import AdminClient, AdminCommandError, AdminConnectionError
 from tui.model import LEVELS, DashboardModel, LogRecord
@@ -562,30 +562,10 @@ def _styled(record: LogRecord) -> Text:
 # -- command line ------------------------------------------------------------------------------
 
 
-def default_admin_socket() -> str:
-    from ibacm.config.options import Options
-
-    return str(Options().admin_socket_path)
-
-
 def target_from_args(args: argparse.Namespace) -> Target:
     """The admin socket to watch; raises ValueError with a message for the user."""
-    if args.dir is not None or args.node is not None:
-        if args.admin is not None:
-            raise ValueError("use either --admin PATH or --dir SIMDIR --node NAME, not both")
-        if args.dir is None or args.node is None:
-            raise ValueError("--dir and --node go together (a node of an ibacm-sim cluster)")
-        sim_dir = Path(args.dir)
-        if not sim_dir.is_dir():
-            raise ValueError(f"--dir {sim_dir}: no such directory")
-        node_dir = sim_dir / args.node
-        if not node_dir.is_dir():
-            nodes = sorted(p.name for p in sim_dir.iterdir() if p.is_dir())
-            known = ", ".join(nodes) if nodes else "none"
-            raise ValueError(f"no node {args.node!r} in {sim_dir} (nodes: {known})")
-        return Target(str(node_dir / "ibacm-admin.sock"), args.node)
-    path = args.admin or default_admin_socket()
-    return Target(path, path)
+    path, label = admin_target(args.admin, args.dir, args.node)
+    return Target(path, label)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -81,6 +81,7 @@ def test_package_lists_console_scripts_units_man_pages_and_config(files: dict[st
         "/usr/bin/ib_acme",
         "/usr/bin/ibacm-sim",
         "/usr/bin/ibacm-tui",
+        "/usr/bin/ibacm-admin",
         "/etc/init.d/ibacm",
     ]
     for path in expected_executables:
@@ -95,6 +96,7 @@ def test_package_lists_console_scripts_units_man_pages_and_config(files: dict[st
         "/usr/share/man/man1/ib_acme.1.gz",
         "/usr/share/man/man1/ibacm-sim.1.gz",
         "/usr/share/man/man1/ibacm-tui.1.gz",
+        "/usr/share/man/man8/ibacm-admin.8.gz",
         "/usr/share/man/man7/ibacm.7.gz",
         "/usr/share/man/man7/ibacm_prov.7.gz",
         "/usr/share/doc/ibacm-trio/BUNDLED",
@@ -177,7 +179,7 @@ def test_unpacked_launchers_ignore_pythonpath(unpacked: Path, tmp_path: Path) ->
 def test_installed_man_pages_render(unpacked: Path) -> None:
     man = require_peer("man")
     pages = sorted((unpacked / "usr" / "share" / "man").rglob("*.gz"))
-    assert len(pages) == 6
+    assert len(pages) == 7
     env = {**os.environ, "MANWIDTH": "80", "LC_ALL": "C.UTF-8"}
     for page in pages:
         done = run(man, "--warnings=all", "-l", page, env=env)
@@ -194,7 +196,9 @@ def test_every_bundled_library_is_in_debian_copyright(unpacked: Path) -> None:
         assert f" {name} (" in copyright_text, f"debian/copyright does not mention {name}"
 
 
-def test_unpacked_ibacm_sim_runs_its_documented_example(unpacked: Path, tmp_path: Path) -> None:
+def test_unpacked_ibacm_sim_and_ibacm_admin_run_their_examples(
+    unpacked: Path, tmp_path: Path
+) -> None:
     """ibacm-sim spawns the hub and the daemons: they must find the package's private library
     (they used to die with "No module named 'ibacm'")."""
     require_peer("/usr/bin/python3")
@@ -207,5 +211,9 @@ def test_unpacked_ibacm_sim_runs_its_documented_example(unpacked: Path, tmp_path
         acme = unpacked / "usr" / "bin" / "ib_acme"
         done = run(acme, "-S", socket_path, "-f", "n", "-s", "node1", "-d", "node2", cwd="/")
         assert done.returncode == 0 and "dlid: 3" in done.stdout, done.stdout + done.stderr
+        admin = unpacked / "usr" / "bin" / "ibacm-admin"
+        status = run(admin, "--dir", cluster, "--node", "node1", "status", cwd="/")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "endpoint mlx5_0/1/0xffff: ready" in status.stdout
     finally:
         run(sim, "down", "--dir", cluster, cwd="/")

@@ -24,7 +24,15 @@ from ibacm.tools import acme_cli, sim
 from tests.conftest import REPO, require_peer
 
 MAN = REPO / "packaging" / "man"
-PAGES = ["ibacm.8", "ib_acme.1", "ibacm.7", "ibacm_prov.7", "ibacm-tui.1", "ibacm-sim.1"]
+PAGES = [
+    "ibacm.8",
+    "ib_acme.1",
+    "ibacm.7",
+    "ibacm_prov.7",
+    "ibacm-tui.1",
+    "ibacm-sim.1",
+    "ibacm-admin.8",
+]
 BIN = Path(sys.executable).parent
 
 
@@ -154,7 +162,10 @@ def _long_options(help_text: str) -> set[str]:
     return set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", help_text)) - {"--help"}
 
 
-@pytest.mark.parametrize(("command", "page"), [("ibacm", "ibacm.8"), ("ibacm-tui", "ibacm-tui.1")])
+@pytest.mark.parametrize(
+    ("command", "page"),
+    [("ibacm", "ibacm.8"), ("ibacm-tui", "ibacm-tui.1"), ("ibacm-admin", "ibacm-admin.8")],
+)
 def test_page_documents_every_command_line_option(command: str, page: str) -> None:
     options = _long_options(_help(command))
     assert "--version" in options
