@@ -3,7 +3,7 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-startup soak fuzz
+.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-startup soak fuzz fuzz-live
 
 test:
 	bash scripts/test.sh
@@ -37,8 +37,15 @@ bench-startup:
 soak:
 	IBACM_SOAK=1 $(PYTHON) -m pytest -q -p no:cacheprovider -o timeout=3600 tests/reliability
 
-# Coverage-guided fuzzing (atheris) of the decoders and config parsers: FUZZ_RUNS inputs per
+# Coverage-guided fuzzing (atheris) of the decoders, the config parsers and the provider's MAD
+# handler: FUZZ_RUNS inputs per
 # target, one child process per target; a crash is kept in tests/reliability/crashes/.
 FUZZ_RUNS ?= 100000
 fuzz:
 	$(PYTHON) -m tests.reliability.atheris_fuzz all --runs $(FUZZ_RUNS)
+
+# Live MAD fuzz: FUZZ_LIVE_INPUTS crafted class 0x2C MADs into two running daemons through a
+# rogue QP, with progress every few seconds and the daemons checked as it goes.
+FUZZ_LIVE_INPUTS ?= 100000
+fuzz-live:
+	$(PYTHON) -m tests.reliability.live_mad_fuzz --inputs $(FUZZ_LIVE_INPUTS)

@@ -1,4 +1,5 @@
-"""Coverage-guided fuzz targets (atheris) for the pure decoders and the config parsers.
+"""Coverage-guided fuzz targets (atheris) for the pure decoders, the config parsers and the
+provider's MAD handler (``acmp_handler``: see ``mad_handler_target``).
 
 Each target takes one ``bytes`` input, feeds it to one decoder the way the daemon (or a tool)
 does, and lets through only the errors that decoder documents: ``WireError`` and its
@@ -93,6 +94,7 @@ from ibacm.wire.netlink import (
     walk_attrs,
 )
 from ibacm.wire.path_record import PATH_RECORD_LEN, PathRecord
+from tests.reliability.mad_handler_target import HandlerRig, handler_seeds
 
 T = TypeVar("T")
 Target = Callable[[bytes], None]
@@ -384,6 +386,22 @@ def route_file(data: bytes) -> None:
         check(all(0 < path.dlid < 0xC000 for path in section.paths), "route DLID range")
 
 
+# -- the provider's MAD handler ------------------------------------------------------------------
+
+
+def make_acmp_handler_target() -> Target:
+    """Received MADs through ``PeerProtocol.handle`` of a live provider (mad_handler_target)."""
+    return HandlerRig().feed
+
+
+def acmp_handler_seeds() -> list[bytes]:
+    rig = HandlerRig()
+    try:
+        return handler_seeds(rig)
+    finally:
+        rig.close()
+
+
 # -- registry and seeds ------------------------------------------------------------------------
 
 
@@ -524,6 +542,7 @@ TARGETS: dict[str, FuzzTarget] = {
     "sa_mad": FuzzTarget(lambda: sa_mad, mad_seeds),
     "rmpp": FuzzTarget(lambda: rmpp, rmpp_seeds),
     "acm_mad": FuzzTarget(lambda: acm_mad, acm_mad_seeds),
+    "acmp_handler": FuzzTarget(make_acmp_handler_target, acmp_handler_seeds),
     "path_record": FuzzTarget(lambda: path_record, path_record_seeds),
     "netlink": FuzzTarget(lambda: netlink, netlink_seeds),
     "erf": FuzzTarget(lambda: erf, erf_seeds),
