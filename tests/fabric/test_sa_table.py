@@ -116,3 +116,21 @@ def test_get_table_is_one_get_per_pair(name: str, query: PathRecord, mask: int |
         assert table.records(64) == expected, (name, source)
         decoded = PathRecord.decode_table(table.data, table.sa.attr_offset * 8, len(expected))
         assert [record.encode() for record in decoded] == expected
+
+
+def test_the_sa_counts_the_records_it_answers() -> None:
+    """What a job start costs the SA is records, not queries: a GetTable of the bulk preload
+    carries one PathRecord per reachable port, a GET one, a failed GET none."""
+    world = SimWorld(generate(12))
+    port = world.port("node1", "mlx5_0", 1)
+    query = PathRecord(pkey=0xFFFF, sgid=port.gid0)
+    mask = int(PathComp.SGID | PathComp.PKEY)
+    table = whole_answer(world, port, build_path_get_table(1, query, mask))
+    records = len(table.records(64))
+    assert records == len(world.endpoints()) and world.sa.records_sent[0x35] == records
+    pair = PathRecord.decode(query.encode())
+    pair.dgid = world.port("node2", "mlx5_0", 1).gid0
+    assert SaMad.decode(world.sa.handle(port, build_path_get(2, pair, mask | PathComp.DGID))[0])
+    pair.dgid = bytes(16)
+    world.sa.handle(port, build_path_get(3, pair, mask | PathComp.DGID))  # no such port
+    assert world.sa.records_sent[0x35] == records + 1

@@ -16,6 +16,7 @@ with its last full member. Unknown attributes or methods get generic status 0x00
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from types import SimpleNamespace
 from typing import Protocol
@@ -140,6 +141,8 @@ class SubnetAdministrator:
         self.fabric = fabric
         self.groups = GroupTable()
         self._mgid_counter = 0
+        self.records_sent: Counter[int] = Counter()
+        """Records answered, by SA attribute: what the SA pays (a GetTable of N paths is N)."""
 
     def create_ipoib_groups(self, pkeys: Iterable[int], *, mtu: int = 4, rate: int = 3) -> None:
         """The IPoIB broadcast group of each partition, as OpenSM creates them at start."""
@@ -223,10 +226,12 @@ class SubnetAdministrator:
         return [build_sa_response(request, status, echo, method, attr_offset=0)]
 
     def _single(self, request: SaMad, record: bytes) -> list[bytes]:
+        self.records_sent[request.mad.attr_id] += 1
         method = self._reply_method(request)
         return [build_sa_response(request, 0, record, method, attr_offset=len(record) // 8)]
 
     def _table(self, request: SaMad, records: Sequence[bytes], size: int) -> list[bytes]:
+        self.records_sent[request.mad.attr_id] += len(records)
         offset = size // 8 if records else 0
         whole = build_sa_response(
             request, 0, b"".join(records), Method.GET_TABLE_RESP, attr_offset=offset
