@@ -178,15 +178,16 @@ class DestEntry:
     """One destination (behavior.md §9.2)."""
 
     __slots__ = (
+        "_path",
         "addr_expiry",
         "av",
+        "group_route",
         "hits",
         "key",
         "learned_from",
         "loopback",
         "mgid",
         "op",
-        "path",
         "peer_gid",
         "peer_lid",
         "peer_path_bits",
@@ -205,8 +206,12 @@ class DestEntry:
     def __init__(self, key: CacheKey) -> None:
         self.key = key
         self.state = EntryState.INIT
-        self.path: PathRecord | None = None
-        """The route (valid in READY)."""
+        self._path: PathRecord | None = None
+        self.group_route: PathRecord | None = None
+        """route_prot acm: the record of the group the route comes from. The route itself
+        (``path``) is that record aimed at the peer, made when asked for: a job start of
+        N nodes holds N-1 such routes per daemon, and a PathRecord each was a third of an
+        entry's memory."""
         self.query: PathRecord | None = None
         """Explicit template of the SA PathRecord query, when the address did not come
         through ACM (see ``route_query``)."""
@@ -239,6 +244,26 @@ class DestEntry:
         """When the entry last became READY (trio clock)."""
         self.scheduled = math.inf
         """The deadline of this entry's pending wake-up in the cache's expiry heap."""
+
+    @property
+    def path(self) -> PathRecord | None:
+        """The route (valid in READY)."""
+        path = self._path
+        if path is None:
+            group = self.group_route
+            if group is not None:
+                return group.aimed_at(self.route_gid(), self.peer_lid)
+        return path
+
+    @path.setter
+    def path(self, path: PathRecord | None) -> None:
+        self._path = path
+        self.group_route = None
+
+    def route_gid(self) -> bytes:
+        """The DGID a route to this peer has: the query's, else the learned GID."""
+        query = self.query
+        return query.dgid if query is not None else self.peer_gid
 
     @property
     def addr_type(self) -> int:
@@ -337,6 +362,8 @@ class DestCache:
         """Entries to look at, by the whole second their earliest deadline falls in."""
         self._seconds: list[float] = []
         """Heap of the keys of ``_due``."""
+        self._second_of: dict[float, float] = {}
+        """Each key of ``_due`` by itself (see ``_schedule``)."""
         self.evicted = 0
         self.expired = 0
 
@@ -425,13 +452,17 @@ class DestCache:
         second = float(math.ceil(deadline))
         if entry.scheduled <= second:
             return
-        entry.scheduled = second
         due = self._due.get(second)
         if due is None:
             self._due[second] = [entry]
+            self._second_of[second] = second
             heapq.heappush(self._seconds, second)
         else:
             due.append(entry)
+            # The bucket's own float: entries of one second share it (24 bytes each, and a
+            # job start schedules N-1 entries in the same second or two).
+            second = self._second_of[second]
+        entry.scheduled = second
 
     def next_deadline(self) -> float:
         return self._seconds[0] if self._seconds else math.inf
@@ -445,6 +476,7 @@ class DestCache:
         changed = 0
         while self._seconds and self._seconds[0] <= now:
             second = heapq.heappop(self._seconds)
+            self._second_of.pop(second, None)
             for entry in self._due.pop(second):
                 if entry.scheduled != second:
                     continue  # an earlier wake-up of this entry took over

@@ -326,8 +326,11 @@ class Resolver:
             return False
         if entry.learned_from is None and entry.av is None:
             return False  # no address vector to the peer either (a hosts-file entry)
-        path = path_from_group(group.path, dest[0], entry.peer_lid)
-        self._make_ready(entry, path, now, keep_av=True)
+        if dest[0] != entry.route_gid():
+            # Not the GID the entry's route is aimed at on demand: keep a route of its own.
+            self._make_ready(entry, path_from_group(group.path, dest[0], entry.peer_lid), now)
+        else:
+            self._make_ready(entry, None, now, group_route=group.path)
         return True
 
     def route_now(self, entry: DestEntry, now: float) -> bool:
@@ -373,13 +376,24 @@ class Resolver:
         self._make_ready(entry, outcome.record, trio.current_time(), keep_av=False)
         return AcmStatus.SUCCESS
 
-    def _make_ready(self, entry: DestEntry, path: PathRecord, now: float, *, keep_av: bool) -> None:
+    def _make_ready(
+        self,
+        entry: DestEntry,
+        path: PathRecord | None,
+        now: float,
+        *,
+        keep_av: bool = True,
+        group_route: PathRecord | None = None,
+    ) -> None:
+        """READY with ``path``, or (route_prot acm) with the group record ``group_route``
+        aimed at the peer when asked for (``DestEntry.path``)."""
         ep = self.ep
         entry.path = path
+        entry.group_route = group_route
         if not keep_av:
             entry.av = None  # built from the path when a response needs it
             entry.route_av = True
-        if not entry.peer_lid:
+        if not entry.peer_lid and path is not None:
             entry.peer_lid = path.dlid
         entry.state = EntryState.READY
         entry.ready_at = now

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ibacm.acmp.cache import PendingQuery, cache_key
+from ibacm.acmp.cache import EntryState, PendingQuery, cache_key
 from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.config.options import Options, RouteProt
 from ibacm.provider.api import Counter
@@ -367,3 +367,26 @@ async def test_each_partition_has_its_own_endpoint_and_group(autojump_clock: obj
         assert result.status == AcmStatus.SUCCESS and result.paths[0].pkey == 0xFFFF
         other = endpoints[1]
         assert other.stats.requests_received == 0
+
+
+async def test_a_route_from_the_group_is_aimed_at_the_peer_when_asked_for(
+    autojump_clock: object,
+) -> None:
+    """route_prot acm: the entry keeps the shared group record, not a PathRecord of its own
+    (a job start of N nodes held N-1 of them per daemon); the route read from it is the
+    group's aimed at the peer."""
+    async with cluster(4, options(route_prot=RouteProt.ACM)) as c:
+        await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
+        key = cache_key(AddrType.IP, bytes(ipv4(c.world, "node1").info))
+        entry = c.endpoint("node2").cache.get(key)
+        assert entry is not None and entry.state is EntryState.READY
+        group = c.endpoint("node2").joined[entry.mgid]
+        assert entry.group_route is group.path and entry._path is None
+        path = entry.path
+        assert path is not None and path is not entry.path  # made when asked for, not kept
+        node1 = c.world.node("node1")
+        assert (path.dgid, path.dlid) == (node1.gids[0], node1.lids[0])
+        assert path.encode()[:8] == group.path.encode()[:8]  # the group's record otherwise
+        assert path.mtu == group.path.mtu and path.rate == group.path.rate
+        result = await c["node2"].resolve(ipv4(c.world, "node2"), ipv4(c.world, "node1"))
+        assert result.status == AcmStatus.SUCCESS and result.paths[0].dlid == node1.lids[0]
