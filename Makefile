@@ -3,7 +3,7 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-startup soak fuzz fuzz-live
+.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-scale bench-startup soak fuzz fuzz-live
 
 test:
 	bash scripts/test.sh
@@ -29,6 +29,11 @@ bench-throughput: bench-deps
 
 bench-storm: bench-deps
 	$(PYTHON) -m tests.bench.storm
+
+# A job start of N = 1,024 to 40,000 nodes, sampled: 16 daemons in full, the other nodes
+# wire-level peers; per-daemon CPU and RSS, and what the SA answers.
+bench-scale: bench-deps
+	$(PYTHON) -m tests.bench.scale
 
 bench-startup:
 	$(PYTHON) -m tests.bench.startup

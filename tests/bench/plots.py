@@ -1,6 +1,6 @@
 """Plots of the last benchmark results, for docs/benchmarks.md.
 
-    python -m tests.bench.plots [throughput] [storm]
+    python -m tests.bench.plots [throughput] [storm] [scale]
 
 Reads ``tests/bench/results/<name>.json`` and writes ``docs/img/<name>.svg``: throughput
 against clients (one line per server), and the storm's wall time and SA PathRecord queries
@@ -90,6 +90,35 @@ def storm_plot(results: dict[str, Any], out: Path) -> Path | None:
     return _save(plt, figure, out)
 
 
+def scale_plot(results: dict[str, Any], out: Path) -> Path | None:
+    plt = _pyplot()
+    if plt is None:
+        return None
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for point in results.get("points", []):
+        if "skipped" not in point and "error" not in point:
+            by_config.setdefault(point["config"], []).append(point)
+    figure, (cpu_axis, sa_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for config, points in sorted(by_config.items()):
+        points.sort(key=lambda point: point["nodes"])
+        nodes = [point["nodes"] for point in points]
+        cpu = [point["per_daemon"]["cpu_s"]["median"] for point in points]
+        cpu_axis.plot(nodes, cpu, "o-", label=config)
+        records = [max(point["fabric"]["sa_path_records_incl_startup"], 0.5) for point in points]
+        sa_axis.plot(nodes, records, "o-", label=config)
+    titles = ("CPU per daemon for its job start, s", "PathRecords sent by the SA")
+    for axis, title in zip((cpu_axis, sa_axis), titles, strict=True):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("nodes (N)")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+    cpu_axis.legend(fontsize=8)
+    title = f"Sampled job start ({results.get('when', '')}, {_machine(results)})"
+    figure.suptitle(title, fontsize=9)
+    return _save(plt, figure, out)
+
+
 def _machine(results: dict[str, Any]) -> str:
     machine = results.get("machine", {})
     return f"{machine.get('cores', '?')} cores, CPython {machine.get('python', '?')}"
@@ -104,7 +133,7 @@ def _save(plt: Any, figure: Any, out: Path) -> Path:
     return out
 
 
-PLOTS = {"throughput": throughput_plot, "storm": storm_plot}
+PLOTS = {"throughput": throughput_plot, "storm": storm_plot, "scale": scale_plot}
 
 
 def plot(name: str) -> Path | None:
