@@ -43,6 +43,7 @@ result is at hand) the sampled per-daemon figures within 20% of the full storm's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import resource
@@ -129,6 +130,8 @@ class PeerPool:
     group: AddressVector
     answered: int = 0
     heard: int = 0
+    cpu: float = 0.0
+    """CPU spent hearing and answering (the peers' work, not a daemon's)."""
     undecodable: list[str] = field(default_factory=list)
 
     async def job_start(self, ring: list[str]) -> int:
@@ -149,7 +152,9 @@ class PeerPool:
         while True:
             received = await self.listener.receive()
             self.heard += 1
+            started = time.process_time()
             await self._answer(received)
+            self.cpu += time.process_time() - started
 
     async def _answer(self, received: ReceivedMad) -> None:
         try:
@@ -300,10 +305,21 @@ async def scale_point(
         counters_before = Counter(world.counters)
         records_before = world.sa.records_sent[PATH_RECORD_ATTR]
         entries_before = sum(len(ep.cache) for node in nodes for ep in node.endpoints())
-        # Phase 1: the job start's first burst. Every peer's request reaches every daemon.
+        # Phase 1: the job start's first burst. Every node asks for its ring successor at
+        # once: the full daemons through their dispatcher (a multicast each, as nothing is
+        # known yet), the peers on the wire; every request reaches every daemon.
         sim_start = trio.current_time()
         cpu0, wall1 = _process_cpu(), time.perf_counter()
-        peer_requests = await pool.job_start(names)
+        frames = Frames(names)
+        position = {name: index for index, name in enumerate(names)}
+        first: list[bytes] = []
+        async with trio.open_nursery() as firsts:
+            for node in nodes:
+                successor = names[(position[node.name] + 1) % len(names)]
+                frame = frames.frame(node.name, successor)
+                firsts.start_soon(_first_request, node, frame, first)
+            await trio.testing.wait_all_tasks_blocked()
+            peer_requests = await pool.job_start(names)
         await trio.testing.wait_all_tasks_blocked()
         await trio.sleep(0.001)  # the burst crosses the fabric
         burst_cpu = _process_cpu() - cpu0
@@ -313,15 +329,14 @@ async def scale_point(
         dlids = {name: world.node(name).lids[0] for name in names}
         dgids = {name: world.node(name).gids[0] for name in names}
         failures: Counter[str] = Counter()
-        frames = Frames(names)
         for node in nodes:
             endpoint = node.endpoints()[0]
             sent_before = (
                 endpoint.stats.responses_sent,
                 node.topology.services.counters.values[ADDR_QUERY],
             )
-            handled_before = handling[node.name].cpu
-            sa_before = sa_time.cpu
+            handlers_before = sum(timer.cpu for timer in handling.values())
+            sa_before, peers_before = sa_time.cpu, pool.cpu
             cpu1, wall2, sim1 = _process_cpu(), time.perf_counter(), trio.current_time()
             for target in names:
                 if target == node.name:
@@ -336,11 +351,13 @@ async def scale_point(
                 {
                     "node": node.name,
                     # Its clients' work: the loop's CPU less the MADs it handled meanwhile
-                    # (counted below with all the MADs it handled, of any phase).
-                    # and less the simulated SA's answers (the SA is not the daemon).
+                    # (counted below with all the MADs it handled, of any phase),
+                    # and less what the others did meanwhile: the other daemons' handlers
+                    # (answering it), the peers and the simulated SA (all in this process).
                     "own_cpu_s": own_cpu
-                    - (handling[node.name].cpu - handled_before)
-                    - (sa_time.cpu - sa_before),
+                    - (sum(timer.cpu for timer in handling.values()) - handlers_before)
+                    - (sa_time.cpu - sa_before)
+                    - (pool.cpu - peers_before),
                     "own_wall_s": time.perf_counter() - wall2,
                     "sim_s": trio.current_time() - sim_start,
                     "own_sim_s": trio.current_time() - sim1,
@@ -421,6 +438,10 @@ async def scale_point(
     }
 
 
+async def _first_request(node: CoreNode, frame: bytes, replies: list[bytes]) -> None:
+    replies.append(await node.dispatcher.resolve(frame, "scale"))
+
+
 def _check(reply: bytes, dlid: int, dgid: bytes) -> str:
     if reply[2] != 0:
         return f"status {reply[2]}"
@@ -492,12 +513,21 @@ def print_point(figures: dict[str, Any]) -> None:
     )
 
 
-def storm_agreement(points: list[dict[str, Any]]) -> dict[str, Any]:
+def storm_points(extra: list[Path]) -> list[dict[str, Any]]:
+    """The full storm's points: ``results/storm.json`` and any ``storm --one`` outputs."""
+    found: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        found += json.loads((RESULTS_DIR / "storm.json").read_text())["points"]
+    for path in extra:
+        try:
+            found.append(json.loads(path.read_text().strip().splitlines()[-1]))
+        except (OSError, ValueError, IndexError) as exc:
+            raise BenchError(f"--storm-extra {path}: not a storm --one result ({exc})") from exc
+    return found
+
+
+def storm_agreement(points: list[dict[str, Any]], storm: list[dict[str, Any]]) -> dict[str, Any]:
     """Sampled per-daemon figures against the full storm's at the same N and config."""
-    try:
-        storm = json.loads((RESULTS_DIR / "storm.json").read_text())["points"]
-    except (OSError, ValueError, KeyError):
-        return {}
     found: dict[str, Any] = {}
     for point in points:
         if "error" in point or "skipped" in point:
@@ -565,6 +595,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="acm,bulk,c_baseline")
     parser.add_argument("--baseline-max", type=int, default=BASELINE_MAX)
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds per point")
+    parser.add_argument(
+        "--storm-extra",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a `storm --one N CONFIG` output to compare with (N = 4096 takes 15 minutes)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="recompute the comparison and targets of results/scale.json, measuring nothing",
+    )
     args = parser.parse_args(argv)
     exit_on_sigterm()
     if args.one:
@@ -576,7 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.full < 16:
         parser.error("--full must be at least 16")
     points = []
-    for n in (int(part) for part in args.nodes.split(",") if part.strip()):
+    if args.report_only:
+        try:
+            points = json.loads((RESULTS_DIR / "scale.json").read_text())["points"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise BenchError(f"no results/scale.json to report on ({exc})") from exc
+    for n in [] if args.report_only else (int(p) for p in args.nodes.split(",") if p.strip()):
         for config in (part.strip() for part in args.configs.split(",") if part.strip()):
             if config == "c_baseline" and n > args.baseline_max:
                 skipped = f"not run above N={args.baseline_max} (--baseline-max)"
@@ -585,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                 figures = run_child(n, args.full, config, args.timeout)
             print_point(figures)
             points.append(figures)
-    agreement = storm_agreement(points)
+    agreement = storm_agreement(points, storm_points(args.storm_extra))
     for key, entry in agreement.items():
         print(f"{key}: sampled against the full storm: {entry}")
     found = targets(points, agreement)
