@@ -14,7 +14,7 @@ forgets node2 and resolves it again through the ACM protocol.
 Exit status 0 when every check held, 1 otherwise (the line says which).
 
 The stall reported once (the hypothesis-driven test stopping near 40,000 inputs) did not
-come back when measured: that test ran 60,000 inputs at 490 falling to 440 per second, its
+come back when measured: that test ran 60,000 inputs at 360 to 500 per second, its
 RSS growing from 95 to 210 MB (hypothesis keeps about 1.5 KB per example), and this runner
 ran 10^5 at a steady 820 per second with RSS 47 to 62 MB. What does grow is node1's cache:
 every valid request from a new source address is learned (that is the protocol), about one
