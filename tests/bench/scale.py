@@ -3,6 +3,7 @@
     python -m tests.bench.scale [--nodes 1024,4096,10000,40000] [--full 16]
                                 [--configs acm,bulk,c_baseline]
     python -m tests.bench.scale --one N K CONFIG      # one point, in this process
+    python -m tests.bench.scale --report-only --storm-extra FILE   # compare again, no run
 
 The storm (``storm.py``) runs all N daemons in full and stops near 4,096 nodes (N^2 cache
 entries in one process). Here K daemons (K >= 16, spread evenly over the node list) run in
@@ -15,16 +16,18 @@ port, as a daemon does. Their MADs are built with the project's codecs, and ever
 hear is decoded with them (a MAD that does not decode is an error of the run). The SA is the
 simulated SA, answering whatever the full daemons ask (PathRecord GET, bulk GetTable).
 
-Then every full daemon resolves all N - 1 other nodes by name, one after another, through
-its dispatcher with the 160-byte RESOLVE frame of ``ib_acme -f n``, and every answer is
-checked (status 0, a PATH whose DLID and DGID are the target's).
+The full daemons make their first request (for their ring successor) at the job start too,
+through their dispatchers, so every node multicasts once as in the storm. Then every full
+daemon resolves all N - 1 other nodes by name, one after another, through its dispatcher
+with the 160-byte RESOLVE frame of ``ib_acme -f n``, and every answer is checked (status 0,
+a PATH whose DLID and DGID are the target's).
 
 Per full daemon (median and max over the K):
 
 * ``cpu_s``: the CPU of the daemon's part of the job start: every MAD its endpoint handled
-  (timed around the receive loop's ``PeerProtocol.handle``; the peers' N - K requests and
-  the answers to its own), plus its resolution loop, run alone, less the MADs handled and
-  the simulated SA's answers meanwhile (both in this process, neither the daemon's work);
+  (timed around the receive loop's ``PeerProtocol.handle``; the N - 1 first requests and
+  the answers to its own), plus its resolution loop, run alone, less what was done meanwhile
+  by the daemons' MAD handlers, the peers and the simulated SA (all in this process);
 * ``sim_s``: simulated time from the first request heard to the last peer resolved;
 * MADs received and sent (ACM requests and answers, from the endpoint's counters, and SA
   queries from the world's);
@@ -36,8 +39,9 @@ For the fabric: multicast requests, SA PathRecord queries and the PathRecords th
 (``SubnetAdministrator.records_sent``: a bulk GetTable carries one per port).
 
 Targets at N = 40,000 with ``acm``: each full daemon <= 2 s CPU and <= 64 MB RSS; the SA
-answers <= N queries in total (0 with acm); and at N = 1,024 (and 4,096 when its storm
-result is at hand) the sampled per-daemon figures within 20% of the full storm's.
+answers <= N queries in total (0 with acm); and at N = 1,024 (and 4,096 with
+``--storm-extra``: ``storm --one 4096 acm`` takes 7-15 minutes) the sampled per-daemon
+figures within 20% of the full storm's (``results/storm.json``).
 """
 
 from __future__ import annotations
