@@ -542,10 +542,14 @@ def storm_agreement(points: list[dict[str, Any]], storm: list[dict[str, Any]]) -
             if "error" in full or "skipped" in full:
                 continue
             n = point["nodes"]
-            storm_cpu = full["wall_s"] / n  # one process, CPU-bound: wall is CPU
+            # The daemons' own work when the storm timed it (``--daemon-cpu``), else its
+            # wall time per daemon (one CPU-bound process: fabric and harness included).
+            measured = "daemon_cpu_s_per_daemon" in full
+            storm_cpu = full["daemon_cpu_s_per_daemon"] if measured else full["wall_s"] / n
             storm_bytes = full.get("bytes_per_cache_entry")
             sampled_cpu = point["per_daemon"]["cpu_s"]["median"]
             entry = {
+                "storm_cpu_measure": "daemon work" if measured else "wall / N",
                 "storm_cpu_s_per_daemon": round(storm_cpu, 4),
                 "sampled_cpu_s_per_daemon": sampled_cpu,
                 "cpu_ratio": round(sampled_cpu / storm_cpu, 3) if storm_cpu else None,

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import json
 import logging
@@ -150,8 +151,14 @@ async def storm_point(
     work: Path,
     profile: Path | None = None,
     client_rtt: float = CLIENT_RTT,
+    daemon_cpu: bool = False,
 ) -> dict[str, Any]:
-    """One (N, configuration) point; runs inside ``trio.run`` with the mock clock."""
+    """One (N, configuration) point; runs inside ``trio.run`` with the mock clock.
+
+    ``daemon_cpu`` also times the daemons' own work (every MAD handler call and every
+    client request answered at once), so the storm gives a per-daemon figure that leaves
+    out the simulated fabric and the harness, as ``scale.py`` measures it; the timers cost
+    about a second of wall at N = 1024."""
     # Every receiver gets the N-1 first requests in one burst: its receive queue holds them
     # all, as an operator sizes recv_depth to the fabric. With the default (1024, as C) a
     # job start of more than 1025 nodes drops part of the burst at every receiver, and each
@@ -180,6 +187,11 @@ async def storm_point(
         # Keep what start-up made out of the collector: full collections would scan it all.
         gc.collect()
         gc.freeze()
+        spent = [0.0]  # the daemons' own work, with daemon_cpu
+        if daemon_cpu:
+            for node in nodes:
+                for endpoint in node.endpoints():
+                    _time_handler(endpoint, spent)
         before = Counter(world.counters)
         entries_before = sum(len(ep.cache) for node in nodes for ep in node.endpoints())
         rss_before = current_rss_mb()
@@ -216,7 +228,12 @@ async def storm_point(
             while steps[index] <= released and not waiting[index]:
                 target = (index + steps[index]) % nodes_count
                 frame = sources[index] + dests[target]
-                reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
+                if daemon_cpu:
+                    started = time.perf_counter()
+                    reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
+                    spent[0] += time.perf_counter() - started
+                else:
+                    reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
                 if reply is None:
                     waiting[index] = True
                     storm.start_soon(wait_for, index, target, frame, storm)
@@ -281,20 +298,40 @@ async def storm_point(
             round((rss_after - rss_before) * 1024 * 1024 / new_entries) if new_entries > 0 else None
         ),
         "peak_rss_mb": round(self_peak_rss_mb(), 1),
+        **({"daemon_cpu_s_per_daemon": round(spent[0] / nodes_count, 4)} if daemon_cpu else {}),
         "world_stats": dict(world.stats),
     }
     return figures
 
 
+def _time_handler(endpoint: Any, spent: list[float]) -> None:
+    protocol = endpoint.protocol
+    handle = protocol.handle
+
+    def timed(received: Any) -> None:
+        started = time.perf_counter()
+        try:
+            handle(received)
+        finally:
+            spent[0] += time.perf_counter() - started
+
+    protocol.handle = timed
+
+
 def run_one(
-    nodes_count: int, config_name: str, profile: Path | None = None, client_rtt: float = CLIENT_RTT
+    nodes_count: int,
+    config_name: str,
+    profile: Path | None = None,
+    client_rtt: float = CLIENT_RTT,
+    daemon_cpu: bool = False,
 ) -> dict[str, Any]:
     quiet_logging()
     with tempfile.TemporaryDirectory(prefix="ibacm-storm-") as tmp:
         clock = trio.testing.MockClock(autojump_threshold=0)
-        return trio.run(
-            storm_point, nodes_count, config_name, Path(tmp), profile, client_rtt, clock=clock
+        point = functools.partial(
+            storm_point, profile=profile, client_rtt=client_rtt, daemon_cpu=daemon_cpu
         )
+        return trio.run(point, nodes_count, config_name, Path(tmp), clock=clock)
 
 
 def run_child(
@@ -440,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", metavar="FILE", help="with --one: cProfile the storm phase")
     parser.add_argument(
+        "--daemon-cpu",
+        action="store_true",
+        help="with --one: also time the daemons' own work (per-daemon CPU, as bench-scale)",
+    )
+    parser.add_argument(
         "--client-rtt-us", type=float, default=CLIENT_RTT * 1e6, help="see CLIENT_RTT"
     )
     args = parser.parse_args(argv)
@@ -449,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         if config not in CONFIGS:
             raise BenchError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
         profile = Path(args.profile) if args.profile else None
-        print(json.dumps(run_one(count, config, profile, args.client_rtt_us / 1e6)))
+        figures = run_one(count, config, profile, args.client_rtt_us / 1e6, args.daemon_cpu)
+        print(json.dumps(figures))
         return 0
     points = []
     for count in (int(part) for part in args.nodes.split(",") if part.strip()):
