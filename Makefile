@@ -43,14 +43,16 @@ soak:
 	IBACM_SOAK=1 $(PYTHON) -m pytest -q -p no:cacheprovider -o timeout=3600 tests/reliability
 
 # Coverage-guided fuzzing (atheris) of the decoders, the config parsers and the provider's MAD
-# handler: FUZZ_RUNS inputs per
-# target, one child process per target; a crash is kept in tests/reliability/crashes/.
+# handler (acmp_handler: ACM MADs received by a live endpoint, SA answers to its route
+# queries): FUZZ_RUNS inputs per target, one child process per target; a crash is kept in
+# tests/reliability/crashes/.
 FUZZ_RUNS ?= 100000
 fuzz:
 	$(PYTHON) -m tests.reliability.atheris_fuzz all --runs $(FUZZ_RUNS)
 
 # Live MAD fuzz: FUZZ_LIVE_INPUTS crafted class 0x2C MADs into two running daemons through a
-# rogue QP, with progress every few seconds and the daemons checked as it goes.
+# rogue QP, with progress every few seconds (STALLED lines if an input does not settle), the
+# daemons checked as it goes and each resolving the other's real path at the end.
 FUZZ_LIVE_INPUTS ?= 100000
 fuzz-live:
 	$(PYTHON) -m tests.reliability.live_mad_fuzz --inputs $(FUZZ_LIVE_INPUTS)

@@ -1,4 +1,5 @@
-"""Coverage-guided fuzzing (atheris) of the decoders and config parsers.
+"""Coverage-guided fuzzing (atheris) of the decoders, the config parsers and the provider's
+MAD handler.
 
 Every target of ``atheris_targets`` is fuzzed in its own child process, two at a time: a few
 thousand inputs or one second each here, 10^5 inputs each under ``make soak``. A target
@@ -57,6 +58,10 @@ def test_atheris_finds_no_crash_in_any_target() -> None:
         assert outcome.runs > 0 and outcome.coverage > 0, outcome.line()
         if SOAK:
             assert outcome.runs >= RUNS, outcome.line()
+    # The MAD handler target runs the provider on what it receives (ACM MADs, SA answers),
+    # far beyond the decoder it starts with (25 edges; the handler's seeds alone reach ~670).
+    coverage = {outcome.target: outcome.coverage for outcome in outcomes}
+    assert coverage["acmp_handler"] >= 20 * coverage["acm_mad"], coverage
 
 
 def test_route_file_never_yields_a_path_to_lid_0() -> None:
