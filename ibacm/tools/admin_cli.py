@@ -248,19 +248,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ibacm-admin {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("status", help="the daemon, its ports, endpoints, cache and counters")
+    status = commands.add_parser(
+        "status", help="the daemon, its ports, endpoints, cache and counters"
+    )
     flush = commands.add_parser("flush", help="drop cached destinations (default: all)")
     flush.add_argument("--endpoint", metavar="ID", help="only this endpoint (dev/port/0xpkey)")
     flush.add_argument("--dest", metavar="ADDRESS", help="only this destination")
-    commands.add_parser("reload", help="re-read the configuration files (as SIGHUP)")
+    reload = commands.add_parser("reload", help="re-read the configuration files (as SIGHUP)")
     level = commands.add_parser("log-level", help="show or set the daemon's log_level")
     level.add_argument("level", nargs="?", type=int, choices=(0, 1, 2), help="0, 1 or 2")
     capture = commands.add_parser("capture", help="MAD capture to a pcap file tshark reads")
     actions = capture.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = actions.add_parser("start", help="start capturing to PATH")
     start.add_argument("path", type=_capture_path, metavar="PATH")
-    actions.add_parser("stop", help="stop capturing")
-    actions.add_parser("status", help="is a capture running, and how much it wrote")
+    stop = actions.add_parser("stop", help="stop capturing")
+    capture_status = actions.add_parser(
+        "status", help="is a capture running, and how much it wrote"
+    )
+    for command in (status, flush, reload, level, start, stop, capture_status):
+        # `ibacm-admin status --json` as well as `ibacm-admin --json status`; SUPPRESS keeps
+        # the subcommand from resetting a --json given before it.
+        command.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="as JSON"
+        )
     return parser
 
 

@@ -75,6 +75,16 @@ def test_status_summarises_the_daemon(sim: Path) -> None:
     assert "node1" in done.stdout and "10.0.0.1/16" in done.stdout
 
 
+def test_json_before_or_after_the_command(sim: Path) -> None:
+    before = admin(sim, "--json", "status")
+    after = admin(sim, "status", "--json")
+    assert before.returncode == after.returncode == 0, before.stderr + after.stderr
+    for done in (before, after):
+        assert json.loads(done.stdout)["daemon"]["node"] == "node1"
+    capture = admin(sim, "capture", "status", "--json")
+    assert capture.returncode == 0 and json.loads(capture.stdout)["active"] is False
+
+
 def test_flush_drops_what_was_learned(sim: Path) -> None:
     resolve(sim, "node2", "node3")
     assert learned(sim, "node2", "node3")
