@@ -24,7 +24,6 @@ Times are trio clock seconds; ``math.inf`` means "never".
 from __future__ import annotations
 
 import enum
-import functools
 import heapq
 import ipaddress
 import math
@@ -60,12 +59,13 @@ class CacheKeyError(ValueError):
     """An address cannot be a cache key (unknown type, too long)."""
 
 
-@functools.lru_cache(maxsize=16384)
 def cache_key(addr_type: int, address: bytes) -> CacheKey:
     """The canonical key of an address (see the module docstring).
 
-    A pure function, memoised: a job start asks for the same few thousand peers again and
-    again, and every cache holding a peer then shares one key object."""
+    Not memoised: a memo (an LRU of 16,384 keys until bench-scale) held each address it was
+    asked for besides the key, about 245 bytes a peer and 3.8 MB from 16,384 peers on, and a
+    job start of more nodes walks it in ring order, so every lookup missed and cost twice
+    the key it was to save. A daemon holds a key once, in its cache."""
     if addr_type == NAME and len(address) <= ADDRESS_LEN:
         # Names first: an all-to-all job start makes two keys per resolution (ours, peers').
         return NAME, address.split(b"\0", 1)[0].lower().ljust(ADDRESS_LEN, b"\0")
@@ -116,7 +116,8 @@ class KeyText:
     def __str__(self) -> str:
         return describe_key(self.key)
 
-    __repr__ = __str__
+    def __repr__(self) -> str:
+        return describe_key(self.key)
 
 
 class EntryState(enum.IntEnum):

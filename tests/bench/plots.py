@@ -111,6 +111,10 @@ def scale_plot(results: dict[str, Any], out: Path) -> Path | None:
             for point in points
         ]
         sa_axis.plot(nodes, records, "o-", label=config)
+    for config, points in sorted(_by_config(results.get("process_points", [])).items()):
+        nodes = [point["nodes"] for point in points]
+        cpu = [point["per_daemon"]["cpu_s"]["median"] for point in points]
+        cpu_axis.plot(nodes, cpu, "s--", label=f"{config}, daemon in its own process")
     titles = ("CPU per daemon for its job start, s", "PathRecords the SA sends, all N nodes")
     for axis, title in zip((cpu_axis, sa_axis), titles, strict=True):
         axis.set_xscale("log")
@@ -122,6 +126,14 @@ def scale_plot(results: dict[str, Any], out: Path) -> Path | None:
     title = f"Sampled job start ({results.get('when', '')}, {_machine(results)})"
     figure.suptitle(title, fontsize=9)
     return _save(plt, figure, out)
+
+
+def _by_config(points: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for point in sorted(points, key=lambda point: point.get("nodes", 0)):
+        if "skipped" not in point and "error" not in point:
+            found.setdefault(point["config"], []).append(point)
+    return found
 
 
 def _machine(results: dict[str, Any]) -> str:
