@@ -50,6 +50,7 @@ from ibacm.log import get_logger
 log = get_logger("ibacm.emu")
 
 _RECV_MAX = 1 << 16
+_U32 = 0xFFFFFFFF
 _HUB_QUEUE = 1 << 16
 """What the hub side of a QP may hold; the program's posted buffers are the real limit."""
 
@@ -108,6 +109,8 @@ class _Cq:
     channel: int
     out: _Outbox | None = None
     armed: bool = False
+    written: int = 0
+    """Completions given to the program's CQ connection (mod 2^32): its producer index."""
 
 
 @dataclass(eq=False)
@@ -233,8 +236,8 @@ class EmulatedDevice:
             self.cqs[cq.id] = cq
             return ep.encode_reply(0, cq.id)
         if op is Op.ARM_CQ:
-            self._arm(self.cqs[req.a])
-            return ep.encode_reply()
+            self._arm(self.cqs[req.a], polled=req.b)
+            return b""
         if op is Op.DESTROY_CQ:
             cq = self.cqs.pop(req.a)
             if cq.out is not None:
@@ -439,12 +442,14 @@ class EmulatedDevice:
                 ),
             )
 
-    def _arm(self, cq: _Cq) -> None:
-        """ibv_req_notify_cq, answered before the program polls again (an HCA's arm is a
-        doorbell: it takes effect at once). Completions the program cannot see yet (still on
-        their way to its socket) count as arriving after the arm: they raise the event."""
+    def _arm(self, cq: _Cq, *, polled: int) -> None:
+        """ibv_req_notify_cq, posted with the count of completions the program has polled
+        (an HCA's arm doorbell carries its consumer index; nobody waits for an answer).
+        Completions written that it has not polled yet raise the event at once, after they
+        are in its socket; otherwise the next completion raises it. A completion polled
+        after the arm was posted makes that event spurious, never lost."""
         channel = self.channels.get(cq.channel)
-        if cq.out is not None and cq.out.busy and channel is not None:
+        if cq.out is not None and channel is not None and cq.written != polled & _U32:
             cq.armed = False
             cq.out.after_pending(lambda: channel.put(ep.CQ_EVENT.pack(cq.id)))
         else:
@@ -454,6 +459,7 @@ class EmulatedDevice:
         cq = self.cqs.get(cq_id)
         if cq is None or cq.out is None:
             return
+        cq.written = (cq.written + 1) & _U32
         if not cq.armed:
             cq.out.put(record)
             return

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#define EMU_PROTOCOL_VERSION 1
+#define EMU_PROTOCOL_VERSION 2
 #define EMU_SOCKET_ENV "IBACM_EMU_SOCKET"
 #define EMU_NAME_LEN 64
 
@@ -21,7 +21,7 @@ enum emu_op {
 	EMU_OP_CHANNEL = 7,       /* a=ctx (new connection) -> rep.a channel id; then CQ ids */
 	EMU_OP_CREATE_CQ = 8,     /* a=channel id or 0, b=cqe -> rep.a CQ id */
 	EMU_OP_CQ_DATA = 9,       /* a=CQ id (new connection) -> it carries emu_wc records */
-	EMU_OP_ARM_CQ = 10,       /* a=CQ id; answered once the arm is in force */
+	EMU_OP_ARM_CQ = 10,       /* a=CQ id, b=completions polled so far (mod 2^32); no reply */
 	EMU_OP_DESTROY_CQ = 11,   /* a=CQ id */
 	EMU_OP_CREATE_QP = 12,    /* dev, a=send CQ, b=recv CQ, c=QP type, d=sq_sig_all -> a id, b QPN */
 	EMU_OP_MODIFY_QP = 13,    /* a=QP id, b=attr mask, c=state; payload emu_qp_mod */

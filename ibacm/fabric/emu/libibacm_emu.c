@@ -53,6 +53,7 @@ struct emu_cq {
 	struct ibv_cq cq;
 	int data_fd;
 	uint32_t id;
+	uint32_t polled; /* completions read from data_fd: the consumer index an arm carries */
 	pthread_mutex_t poll_lock;
 };
 
@@ -672,14 +673,20 @@ EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
-/* Answered, so the arm is in force before the caller polls again (as an HCA's doorbell). */
+/* Posted, as an HCA's arm doorbell is, with the consumer index (completions polled so far):
+ * the device raises the event at once if it wrote more, so nothing waits for an answer and no
+ * completion is missed (one polled meanwhile makes the event spurious). */
 static int emu_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
-	struct emu_req req = {.op = EMU_OP_ARM_CQ, .a = ((struct emu_cq *)cq)->id};
-	struct emu_rep rep;
+	struct emu_cq *ecq = (struct emu_cq *)cq;
+	struct emu_req req = {.op = EMU_OP_ARM_CQ, .a = ecq->id};
 
 	(void)solicited_only;
-	return -ctx_call(cq->context, &req, NULL, 0, &rep, NULL, 0);
+	pthread_mutex_lock(&ecq->poll_lock);
+	req.b = ecq->polled;
+	pthread_mutex_unlock(&ecq->poll_lock);
+	ctx_post(cq->context, &req, NULL, 0, NULL, 0);
+	return 0;
 }
 
 static void scatter(const struct recv_wr *rwr, const uint8_t *data, size_t len)
@@ -750,9 +757,12 @@ static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 		struct emu_qp *qp;
 		ssize_t n = recv(ecq->data_fd, buf, sizeof(buf), MSG_DONTWAIT);
 
+		if (n <= 0)
+			break; /* empty (EAGAIN) */
+		ecq->polled++; /* a record the device counted as written, usable or not */
 		if (n < (ssize_t)sizeof(*m) || m->qp_id >= MAX_IDS ||
 		    (size_t)n < sizeof(*m) + (m->kind ? m->byte_len : 0))
-			break; /* empty (EAGAIN), or nothing usable */
+			break; /* nothing usable */
 		pthread_mutex_lock(&registry_lock);
 		qp = qp_by_id[m->qp_id];
 		pthread_mutex_unlock(&registry_lock);

@@ -46,7 +46,7 @@ class Op(enum.IntEnum):
     UMAD_UNREGISTER = 21
 
 
-NO_REPLY = frozenset({Op.POST_SEND, Op.POST_RECV})
+NO_REPLY = frozenset({Op.ARM_CQ, Op.POST_SEND, Op.POST_RECV})
 STREAM_OPS = frozenset({Op.ASYNC, Op.CHANNEL, Op.CQ_DATA, Op.UMAD_OPEN})
 """Ops that turn their connection into a stream the device writes records to."""
 

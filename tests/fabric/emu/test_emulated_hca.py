@@ -166,15 +166,19 @@ attr.pkey_index, attr.qkey, attr.sq_psn = 0, 0x80010000, 0
 qp = qpm.QP(pd, init, attr)
 
 def completions(timeout):
-    # The channel's fd is the one the hw backend hands to trio: it must be pollable.
-    ready, _, _ = select.select([channel_fd], [], [], timeout)
-    if not ready:
-        return []
-    channel.get_cq_event(cq)
-    cq.ack_events(1)
-    cq.req_notify()
-    count, wcs = cq.poll(16)
-    return wcs[:count]
+    # The channel's fd is the one the hw backend hands to trio: it must be pollable. An
+    # event may find the CQ empty (its completion was polled after an earlier arm, as on
+    # an HCA whose arm carries the consumer index): wait for the next one then.
+    while True:
+        ready, _, _ = select.select([channel_fd], [], [], timeout)
+        if not ready:
+            return []
+        channel.get_cq_event(cq)
+        cq.ack_events(1)
+        cq.req_notify()
+        count, wcs = cq.poll(16)
+        if count:
+            return wcs[:count]
 """
 
 RECEIVER = """
