@@ -165,12 +165,13 @@ def _daemon_cmd(profile_out: Path | None) -> str:
 
 @contextlib.contextmanager
 def sim_cluster(
-    work: Path, profile_out: Path | None, with_c: bool
+    work: Path, profile_out: Path | None, with_c: bool, env: dict[str, str] | None = None
 ) -> Iterator[dict[str, tuple[str, int]]]:
     """A simulated cluster of real daemons: ours on node1 and node2, and rdma-core's C daemon
-    on node3 when ``with_c``; yields {"ibacm": node1's (socket, pid), "c_ibacm": node3's}."""
+    on node3 when ``with_c``; yields {"ibacm": node1's (socket, pid), "c_ibacm": node3's}.
+    ``env``: the daemons' environment (``bench_env()`` by default)."""
     sim_dir = work / "sim"
-    env = bench_env()
+    env = bench_env() if env is None else env
     up = [str(VENV_BIN / "ibacm-sim"), "up", "--dir", str(sim_dir), "--log-level", "0"]
     up += ["--nodes", "3" if with_c else "2", "--daemon-cmd", _daemon_cmd(profile_out)]
     if with_c:
