@@ -4,6 +4,7 @@
                                 [--configs acm,bulk,c_baseline]
     python -m tests.bench.scale --one N K CONFIG      # one point, in this process
     python -m tests.bench.scale --report-only --storm-extra FILE   # compare again, no run
+    python -m tests.bench.scale --agree 1024,4096 [--agree-rounds 3]  # against the storm
 
 The storm (``storm.py``) runs all N daemons in full and stops near 4,096 nodes (N^2 cache
 entries in one process). Here K daemons (K >= 16, spread evenly over the node list) run in
@@ -32,16 +33,27 @@ Per full daemon (median and max over the K):
 * MADs received and sent (ACM requests and answers, from the endpoint's counters, and SA
   queries from the world's);
 * ``rss_mb``: an idle daemon's RSS (``IDLE_RSS_MB``, measured by ``make bench-startup``) plus
-  the daemon's share of the RSS growth while the K daemons worked, and the bytes per cache
-  entry that growth comes to.
+  the most the job start makes it hold: its state as a lone daemon holds it (cache entries,
+  keys, routes, expiry buckets, bulk tables, walked object by object), or at the burst its
+  longest receive queue (each MAD with a copy of its own, as on a real host) with the
+  entries it held then, whichever is more (a queued MAD becomes an entry when handled, so
+  the two do not peak together); ``rss_retained_mb``: the idle RSS plus the state, and the
+  bytes per cache entry it comes to.
+
+Beside each point, ``--processes`` P daemons (2 by default) run as real ``ibacm`` processes
+on a hub this process serves, resolving all N - 1 nodes through their unix sockets: their
+CPU and peak RSS from /proc, the simulated fabric's transport and the client socket's
+round trips included (``--one-process N P CONFIG`` runs one such point).
 
 For the fabric: multicast requests, SA PathRecord queries and the PathRecords the SA sent
 (``SubnetAdministrator.records_sent``: a bulk GetTable carries one per port).
 
 Targets at N = 40,000 with ``acm``: each full daemon <= 2 s CPU and <= 64 MB RSS; the SA
-answers <= N queries in total (0 with acm); and at N = 1,024 (and 4,096 with
-``--storm-extra``: ``storm --one 4096 acm`` takes 7-15 minutes) the sampled per-daemon
-figures within 20% of the full storm's (``results/storm.json``).
+answers <= N queries in total (0 with acm); and at N = 1,024 and 4,096 the sampled per-daemon
+CPU within 20% of the full storm's. ``--agree`` shows that one: per round the full storm
+(``storm --one N acm --daemon-cpu``) and the sampled point right after it, medians of the
+rounds compared (``storm --one 4096 acm`` takes 15-30 minutes and 7-10 GB). The main run
+compares with ``results/storm.json`` and ``--storm-extra`` files too, from other times.
 """
 
 from __future__ import annotations
@@ -135,6 +147,9 @@ class HandlerTime:
     queued: int = 0
     """MADs put in the daemon's receive queue (by the fabric) and not yet handled."""
     queue_peak: int = 0
+    entries_at_queue_peak: int = 0
+    """Cache entries the daemon held when its queue was longest: a queued MAD becomes an
+    entry when handled, so the two never peak together."""
     queued_mad_bytes: int = 0
     """What one queued MAD holds: the ``ReceivedMad`` and its MAD (a copy of its own on a
     real host; the simulated fabric shares one among the receivers of a multicast)."""
@@ -159,17 +174,19 @@ def time_handler(node: CoreNode) -> HandlerTime:
                 timer.calls += 1
 
         protocol.handle = timed  # type: ignore[method-assign]
+        cache = endpoint.cache
         qp = endpoint.qp
         deliver = getattr(qp, "deliver", None)
         if deliver is None:
             continue
 
-        def queue(received: ReceivedMad, deliver: Any = deliver) -> bool:
+        def queue(received: ReceivedMad, deliver: Any = deliver, cache: Any = cache) -> bool:
             accepted: bool = deliver(received)
             if accepted:
                 timer.queued += 1
                 if timer.queued > timer.queue_peak:
                     timer.queue_peak = timer.queued
+                    timer.entries_at_queue_peak = len(cache)
                     if not timer.queued_mad_bytes:
                         timer.queued_mad_bytes = sys.getsizeof(received) + sys.getsizeof(
                             received.mad
@@ -426,9 +443,14 @@ async def scale_point(
         figures["state_mb"] = state / mib
         figures["bytes_per_cache_entry"] = state / figures["cache_entries"]
         figures["queue_peak"] = timer.queue_peak
-        figures["queue_mb"] = timer.queue_peak * timer.queued_mad_bytes / mib
+        queue_bytes = timer.queue_peak * timer.queued_mad_bytes
+        figures["queue_mb"] = queue_bytes / mib
+        figures["entries_at_queue_peak"] = timer.entries_at_queue_peak
         figures["rss_retained_mb"] = idle + (state + memo) / mib
-        figures["rss_mb"] = figures["rss_retained_mb"] + figures["queue_mb"]
+        # The peak: the whole queue with the entries made before it was longest, or the
+        # whole cache once it was handled (each queued MAD becomes an entry, then is freed).
+        at_queue_peak = timer.entries_at_queue_peak * state / figures["cache_entries"]
+        figures["rss_mb"] = idle + (max(state, at_queue_peak + queue_bytes) + memo) / mib
         daemons.append(figures)
     sa_queries = path_queries(during)
     return {
@@ -464,6 +486,7 @@ async def scale_point(
                 "bytes_per_cache_entry",
                 "queue_peak",
                 "queue_mb",
+                "entries_at_queue_peak",
             )
         },
         "memory": {
@@ -889,6 +912,68 @@ def storm_agreement(points: list[dict[str, Any]], storm: list[dict[str, Any]]) -
     return found
 
 
+AGREE_ROUNDS = 3
+AGREE_BOUND = 0.2
+"""Sampled and full-storm per-daemon CPU agree when their medians are within 20%."""
+
+
+def run_storm_child(nodes_count: int, timeout: float) -> dict[str, Any]:
+    """``storm --one N acm --daemon-cpu`` in a fresh interpreter: its result."""
+    command = [sys.executable, "-m", "tests.bench.storm", "--one", str(nodes_count), "acm"]
+    try:
+        done = subprocess.run(
+            [*command, "--daemon-cpu"], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"nodes": nodes_count, "error": f"timeout {timeout:g}s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"nodes": nodes_count, "error": done.stderr.strip()[-500:] or "no result"}
+    figures: dict[str, Any] = json.loads(lines[-1])
+    return figures
+
+
+def agree(nodes: list[int], full_count: int, rounds: int, timeout: float) -> dict[str, Any]:
+    """At each N, ``rounds`` rounds of the full storm and the sampled job start (acm), one
+    right after the other, each in a fresh process: the per-daemon CPU of both in every
+    round, their medians and the ratio sampled / storm. Back to back because this VM's speed
+    drifts by 2x within minutes, more than the 20% to be shown."""
+    found: dict[str, Any] = {}
+    for n in nodes:
+        storm_cpu: list[float] = []
+        sampled_cpu: list[float] = []
+        for round_number in range(1, rounds + 1):
+            full = run_storm_child(n, timeout)
+            sampled = run_child(n, full_count, "acm", timeout)
+            for figures in (full, sampled):
+                if "error" in figures:
+                    raise BenchError(f"N={n} round {round_number}: {figures['error']}")
+            storm_cpu.append(full["daemon_cpu_s_per_daemon"])
+            sampled_cpu.append(sampled["per_daemon"]["cpu_s"]["median"])
+            print(
+                f"N={n} round {round_number}: per daemon, full storm {storm_cpu[-1] * 1e3:.1f} ms"
+                f", sampled {sampled_cpu[-1] * 1e3:.1f} ms"
+            )
+        storm_median = statistics.median(storm_cpu)
+        sampled_median = statistics.median(sampled_cpu)
+        ratio_value = sampled_median / storm_median
+        found[str(n)] = {
+            "rounds": rounds,
+            "storm_cpu_s": storm_cpu,
+            "sampled_cpu_s": sampled_cpu,
+            "storm_median_s": round(storm_median, 4),
+            "sampled_median_s": round(sampled_median, 4),
+            "ratio": round(ratio_value, 3),
+            "target": verdict(abs(ratio_value - 1) <= AGREE_BOUND),
+        }
+        print(
+            f"N={n}: sampled / full storm = {ratio_value:.2f} (medians of {rounds} rounds: "
+            f"{sampled_median * 1e3:.1f} / {storm_median * 1e3:.1f} ms); within 20%: "
+            f"{found[str(n)]['target']}"
+        )
+    return found
+
+
 def targets(
     points: list[dict[str, Any]],
     agreement: dict[str, Any],
@@ -972,6 +1057,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a `storm --one N CONFIG` output to compare with (N = 4096 takes 15 minutes)",
     )
     parser.add_argument(
+        "--agree",
+        metavar="N[,N]",
+        help="only compare with the full storm (acm), sampled and storm back to back per round",
+    )
+    parser.add_argument("--agree-rounds", type=int, default=AGREE_ROUNDS, metavar="R")
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="recompute the comparison and targets of results/scale.json, measuring nothing",
@@ -993,6 +1084,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.full < 16:
         parser.error("--full must be at least 16")
+    if args.agree:
+        nodes = [int(part) for part in args.agree.split(",") if part.strip()]
+        found = agree(nodes, args.full, args.agree_rounds, args.timeout)
+        # Added to what earlier runs found at other N (N = 4096 is run alone: it is long).
+        earlier: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            earlier = json.loads((RESULTS_DIR / "scale_agreement.json").read_text())["points"]
+        write_results("scale_agreement", {"full": args.full, "points": {**earlier, **found}})
+        return 0
     points = []
     process_points: list[dict[str, Any]] = []
     if args.report_only:
