@@ -6,11 +6,12 @@ recv() per message is not needed, pipelined requests work), there is no client l
 
 One ``Poller`` task reads all client sockets (epoll); each connection frames its bytes and
 answers what is at hand (a cache hit) on the spot, in one write; a request that has to wait
-gets a task in the connection's nursery. A writer task per connection sends queued replies
-in REQUEST order, each with one ``send_all`` of the whole reply (ib_acme
-reads a reply with a single recv()). A client may pipeline as many requests as it likes: with
-``max_pending`` replies owed, its connection stops reading (the kernel then holds its further
-requests back) until the writer has caught up. Only a client that stops reading is dropped,
+gets a task in the connection's nursery. A writer task per connection (started with the
+first reply that has to wait) sends queued replies in REQUEST order, each with one
+``send_all`` of the whole reply (ib_acme reads a reply with a single recv()). A client may
+pipeline as many requests as it likes: with ``max_pending`` replies owed, its connection
+stops reading (the kernel then holds its further requests back) until the writer has caught
+up. Only a client that stops reading is dropped,
 with a log line: when one reply cannot be written for ``stall_timeout`` seconds, or its
 unwritten replies pass ``MAX_UNSENT_BYTES``; everybody else is served as usual. A malformed
 stream is closed exactly where the C server closes (client-protocol.md §8) after the replies to
@@ -171,8 +172,11 @@ class Connection:
         self._framer = ClientFramer()
         self._max_pending = max_pending
         self._stall_timeout = stall_timeout
-        # Unbounded: the bound is reading (``_paused``), not a full queue.
-        self._send, self._receive = trio.open_memory_channel[_Reply](math.inf)
+        self._send: trio.MemorySendChannel[_Reply] | None = None
+        """The writer's queue, made with the writer when the first reply has to wait: a
+        one-shot client answered from the cache needs neither (each costs microseconds)."""
+        self._closing = False
+        """No reply is queued any more (``run`` is ending)."""
         self._paused = False
         """Reading stopped for now: ``max_pending`` replies are owed (flow control)."""
         self._unsent = 0
@@ -189,7 +193,6 @@ class Connection:
         self._owed = 0
         """Replies queued for the writer and not yet written: 0 means a reply that is ready
         may be written at once without overtaking another (the cache-hit fast path)."""
-        self._writer_started = False
 
     def timed_out(self, now: float, limits: ClientLimits) -> str | None:
         """The sweep's question: which timeout (if any) this connection has passed.
@@ -237,13 +240,15 @@ class Connection:
                         return
                     # A one-shot client (ib_acme) sent its request right after connecting:
                     # answer it now rather than one more scheduler round later.
-                    self.on_readable()
-                    self.flush()
+                    poller.guarded(self, self.on_readable)
+                    poller.guarded(self, self.flush)
                     await self._reading_done.wait()
             finally:
                 poller.forget(self._fd, self)
                 # The writer sends what is owed, then ends (closing the connection).
-                self._send.close()
+                self._closing = True
+                if self._send is not None:
+                    self._send.close()
 
     def on_readable(self) -> None:
         """The socket has bytes (or EOF): read once, answer every whole request in them.
@@ -306,16 +311,17 @@ class Connection:
         # Replies answered earlier in this round go first.
         if self._outbox and not self._queue(_done(self._take_outbox())):
             return False
+        if self._send is None:
+            if self._closing:
+                return False
+            # Unbounded: the bound is reading (``_paused``), not a full queue.
+            self._send, replies = trio.open_memory_channel[_Reply](math.inf)
+            assert self._nursery is not None  # replies are queued only while run() is in it
+            self._nursery.start_soon(self._writer, replies)
         try:
             self._send.send_nowait(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
-        if not self._writer_started:
-            # Started on the first reply that is queued: a one-shot client answered from
-            # the cache never needs it, and a task less per connection is time saved.
-            assert self._nursery is not None  # replies are queued only while run() is in it
-            self._writer_started = True
-            self._nursery.start_soon(self._writer)
         self._owed += 1
         if reply.data is not None:
             self._count_unsent(len(reply.data))
@@ -414,9 +420,9 @@ class Connection:
             except _Overrun:
                 self._drop("its unwritten replies pass the byte bound")
 
-    async def _writer(self) -> None:
-        async with self._receive:
-            async for reply in self._receive:
+    async def _writer(self, replies: trio.MemoryReceiveChannel[_Reply]) -> None:
+        async with replies:
+            async for reply in replies:
                 await reply.done.wait()
                 if reply.data is None:
                     self.abort()
@@ -478,16 +484,16 @@ class Poller:
                 for fd, _ in self._epoll.poll(0):
                     connection = self._watched.get(fd)
                     if connection is not None:
-                        self._guarded(connection, connection.on_readable)
+                        self.guarded(connection, connection.on_readable)
                 # Replies go out together after the round: a client process that waits for
                 # several of them is woken once, not once per reply.
                 unflushed = self._unflushed
                 self._unflushed = []
                 for connection in unflushed:
-                    self._guarded(connection, connection.flush)
+                    self.guarded(connection, connection.flush)
 
     @staticmethod
-    def _guarded(connection: Connection, step: Callable[[], None]) -> None:
+    def guarded(connection: Connection, step: Callable[[], None]) -> None:
         try:
             step()
         except Exception:

@@ -123,6 +123,40 @@ async def test_bad_request_closes_only_the_offender(
 
 
 @pytest.mark.trio
+async def test_one_shot_clients_and_a_handling_bug_on_a_first_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ib_acme's way: connect, send at once, read, close. The request is usually there when
+    the connection starts and is answered then; a bug in handling it costs only that client
+    its connection (the poller's rule), never the server."""
+    from ibacm.core import clients
+
+    async with sim_daemon(tmp_path) as run:
+        for _ in range(20):
+            client = await AcmClient.unix(run.unix_socket)
+            await client.send(SELF)
+            assert AcmHdr.decode(await client.receive()).status == AcmStatus.SUCCESS
+            await client.aclose()
+        take = clients.Connection._take
+
+        def broken(self: clients.Connection, data: bytes) -> None:
+            if data == PERF:
+                raise RuntimeError("a bug in handling the request")
+            take(self, data)
+
+        monkeypatch.setattr(clients.Connection, "_take", broken)
+        for _ in range(5):
+            offender = await AcmClient.unix(run.unix_socket)
+            await offender.send(PERF)
+            assert await offender.closed_by_peer()
+            await offender.aclose()
+        client = await AcmClient.unix(run.unix_socket)
+        await client.send(SELF)
+        assert AcmHdr.decode(await client.receive()).status == AcmStatus.SUCCESS
+        await client.aclose()
+
+
+@pytest.mark.trio
 async def test_2000_pipelined_uncached_requests_on_one_reading_connection(tmp_path: Path) -> None:
     """A client that reads is never dropped, however far ahead it sends: the daemon stops
     reading it while 256 replies are owed, and every answer comes back in request order."""
