@@ -3,8 +3,9 @@
 behavior.md §9. Differences from C, all invisible on the wire:
 
 * Keys are canonical (defect 34): a name key is lower-cased and cut at its first NUL, every
-  other type keeps only its significant bytes (IPv4 4, IPv6/GID 16, LID 2); all keys are
-  zero-padded to 64 bytes. Lookups are one dict access.
+  other type keeps only its significant bytes (IPv4 4, IPv6/GID 16, LID 2), zero-filled to
+  that size. Not padded to the wire's 64 bytes: at 40,000 peers the padding was 2 MB of a
+  daemon's cache (the codecs pad when a key goes on the wire). Lookups are one dict access.
 * Entries carry both the route (``path``) and what the SA query that finds it is made of
   (``route_query``): an explicit template (hosts file, path form, restored cache), or, for a
   peer learned through ACM, the group record and the peer's GID, from which the query is
@@ -52,7 +53,7 @@ NO_GID = NO_MGID
 """A peer GID not known yet (the same shared 16 zero bytes)."""
 
 CacheKey = tuple[int, bytes]
-"""(address type, canonical 64-byte address)."""
+"""(address type, canonical address: see the module docstring)."""
 
 
 class CacheKeyError(ValueError):
@@ -68,20 +69,17 @@ def cache_key(addr_type: int, address: bytes) -> CacheKey:
     the key it was to save. A daemon holds a key once, in its cache."""
     if addr_type == NAME and len(address) <= ADDRESS_LEN:
         # Names first: an all-to-all job start makes two keys per resolution (ours, peers').
-        return NAME, address.split(b"\0", 1)[0].lower().ljust(ADDRESS_LEN, b"\0")
+        return NAME, address.split(b"\0", 1)[0].lower()
     size = SIGNIFICANT.get(int(addr_type))
     if size is None:
         raise CacheKeyError(f"address type {addr_type} cannot be cached (expected 1..5)")
     if len(address) > ADDRESS_LEN:
         raise CacheKeyError(f"address is {len(address)} bytes, at most {ADDRESS_LEN} fit")
-    if addr_type == NAME:
-        name = address.split(b"\0", 1)[0].lower()
-        return NAME, name.ljust(ADDRESS_LEN, b"\0")
-    return int(addr_type), address[:size].ljust(ADDRESS_LEN, b"\0")
+    return int(addr_type), address[:size].ljust(size, b"\0")
 
 
 def lid_key(lid: int) -> CacheKey:
-    return LID, lid.to_bytes(2, "big").ljust(ADDRESS_LEN, b"\0")
+    return LID, lid.to_bytes(2, "big")
 
 
 def gid_key(gid: bytes) -> CacheKey:

@@ -26,14 +26,21 @@ from ibacm.wire.path_record import PathRecord
 def test_name_keys_ignore_case_and_trailing_bytes() -> None:
     a = cache_key(NAME, b"Node10")
     b = cache_key(NAME, b"NODE10\0junk-after-the-terminator".ljust(64, b"\0"))
-    assert a == b == (NAME, b"node10".ljust(64, b"\0"))
+    assert a == b == (NAME, b"node10")
 
 
 def test_keys_keep_only_significant_bytes() -> None:
     ip = bytes([10, 0, 0, 1])
     assert cache_key(IP, ip + b"\x99" * 60) == cache_key(IP, ip)
     assert cache_key(LID, b"\x00\x05") == lid_key(5)
-    assert len(cache_key(GID, bytes(16))[1]) == 64
+    # Each type's significant bytes, zero-filled to that size, never to the wire's 64.
+    assert cache_key(GID, bytes(16)) == (GID, bytes(16))
+    assert (
+        cache_key(IP, bytes([10]))
+        == cache_key(IP, bytes([10, 0, 0, 0]))
+        == (IP, bytes([10, 0, 0, 0]))
+    )
+    assert cache_key(NAME, b"node1".ljust(64, b"\0")) == (NAME, b"node1")
 
 
 @pytest.mark.parametrize(("kind", "address"), [(0, b"x"), (6, b"x"), (0x10, b"x"), (IP, bytes(65))])
