@@ -79,7 +79,6 @@ def measure(work: Path, clients: list[int], seconds: float, rounds: int) -> dict
     request = throughput.resolve_request()
     request_file = work / "request.bin"
     request_file.write_bytes(request)
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {"shipped": {}, "compiled": {}}
     with contextlib.ExitStack() as stack:
         (work / "shipped").mkdir()
         (work / "compiled").mkdir()
@@ -98,12 +97,8 @@ def measure(work: Path, clients: list[int], seconds: float, rounds: int) -> dict
             raise BenchError("the compiled variant's daemon did not load the compiled modules")
         if runs_compiled(servers["shipped"][1], root):
             raise BenchError("the daemon as shipped loaded the compiled modules")
-        for round_number in range(rounds):
-            for count in clients:
-                for name, (sock, pid) in servers.items():
-                    figures = throughput.run_load(loadgen, sock, request_file, count, seconds, pid)
-                    runs[name].setdefault(str(count), []).append(figures)
-                    throughput._print_point(f"{name} #{round_number + 1}", figures)
+        request_files = dict.fromkeys(servers, request_file)
+        runs = throughput.take_turns(loadgen, servers, request_files, clients, seconds, rounds)
     medians = {
         name: {count: throughput.median_run(found) for count, found in points.items()}
         for name, points in runs.items()

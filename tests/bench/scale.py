@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
-import functools
 import gc
 import json
 import math
@@ -73,7 +72,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -83,7 +81,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from ibacm.acmp.cache import NO_GID, DestEntry, cache_key
+from ibacm.acmp.cache import NO_GID, DestEntry
 from ibacm.acmp.groups import joined_mgids
 from ibacm.config.options import Options
 from ibacm.fabric.api import ZERO_GID as ZERO_GID_API
@@ -243,28 +241,6 @@ def daemon_state(node: CoreNode, seen: set[int]) -> int:
     return state_bytes(roots, seen)
 
 
-def memo_bytes() -> tuple[int, int]:
-    """(keys, bytes) of the process-wide memo of ``cache_key`` (an ``lru_cache``; (0, 0) if
-    it is not one): a lone daemon holds all of it. Bytes per memo entry measured here, with
-    tracemalloc, on a memo of the same kind filled with fresh 64-byte addresses."""
-    info = getattr(cache_key, "cache_info", None)
-    wrapped = getattr(cache_key, "__wrapped__", None)
-    if info is None or wrapped is None:
-        return 0, 0
-    keys: int = info().currsize
-    addresses = [f"memo{i}".encode().ljust(64, b"\0") for i in range(4096)]
-    # The keys are the cache entries' own (counted with them): the memo hands them out.
-    keys_of = {address: wrapped(1, address) for address in addresses}
-    scratch = functools.lru_cache(maxsize=len(addresses))(lambda kind, address: keys_of[address])
-    copies = [bytes(bytearray(address)) for address in addresses]  # each MAD's own copy
-    tracemalloc.start()
-    for address in copies:
-        scratch(1, address)
-    used = tracemalloc.get_traced_memory()[0] + sum(map(sys.getsizeof, copies))
-    tracemalloc.stop()
-    return keys, round(keys * used / len(addresses))
-
-
 def time_sa(world: SimWorld) -> HandlerTime:
     """The CPU the simulated SA spends answering (in this process, but not the daemons')."""
     timer = HandlerTime()
@@ -303,10 +279,6 @@ class Frames:
 
     def frame(self, source: str, dest: str) -> bytes:
         return self.sources[source] + self.dests[dest]
-
-
-def _process_cpu() -> float:
-    return time.process_time()
 
 
 async def scale_point(
@@ -361,7 +333,7 @@ async def scale_point(
         # known yet), the peers on the wire; every request reaches every daemon.
         sim_start = trio.current_time()
         counted = {node.name: _mads(node) for node in nodes}
-        cpu0, wall1 = _process_cpu(), time.perf_counter()
+        cpu0, wall1 = time.process_time(), time.perf_counter()
         async with trio.open_nursery() as firsts:
             for node in nodes:
                 successor = names[(position[node.name] + 1) % len(names)]
@@ -371,7 +343,7 @@ async def scale_point(
             peer_requests = await pool.job_start(names)
         await trio.testing.wait_all_tasks_blocked()
         await trio.sleep(0.001)  # the burst crosses the fabric
-        burst_cpu = _process_cpu() - cpu0
+        burst_cpu = time.process_time() - cpu0
         burst_wall = time.perf_counter() - wall1
         burst_sim = trio.current_time() - sim_start
         # Phase 2: each daemon alone resolves all the others, answers checked.
@@ -379,7 +351,7 @@ async def scale_point(
             endpoint = node.endpoints()[0]
             handlers_before = sum(timer.cpu for timer in handling.values())
             sa_before, peers_before = sa_time.cpu, pool.cpu
-            cpu1, wall2, sim1 = _process_cpu(), time.perf_counter(), trio.current_time()
+            cpu1, wall2, sim1 = time.process_time(), time.perf_counter(), trio.current_time()
             for target in names:
                 if target == node.name:
                     continue
@@ -388,7 +360,7 @@ async def scale_point(
                 if reply is None:
                     reply = await node.dispatcher.resolve(frame, "scale")
                 failures[_check(reply, dlids[target], dgids[target])] += 1
-            own_cpu = _process_cpu() - cpu1
+            own_cpu = time.process_time() - cpu1
             per_daemon.append(
                 {
                     "node": node.name,
@@ -418,7 +390,6 @@ async def scale_point(
         lone = {node.name: daemon_state(node, _constants()) for node in nodes}
         shared_seen = _constants()
         shared = sum(daemon_state(node, shared_seen) for node in nodes)
-        memo_keys, memo = memo_bytes()
         for node in nodes:
             await node.stop()
         nursery.cancel_scope.cancel()
@@ -446,11 +417,11 @@ async def scale_point(
         queue_bytes = timer.queue_peak * timer.queued_mad_bytes
         figures["queue_mb"] = queue_bytes / mib
         figures["entries_at_queue_peak"] = timer.entries_at_queue_peak
-        figures["rss_retained_mb"] = idle + (state + memo) / mib
+        figures["rss_retained_mb"] = idle + state / mib
         # The peak: the whole queue with the entries made before it was longest, or the
         # whole cache once it was handled (each queued MAD becomes an entry, then is freed).
         at_queue_peak = timer.entries_at_queue_peak * state / figures["cache_entries"]
-        figures["rss_mb"] = idle + (max(state, at_queue_peak + queue_bytes) + memo) / mib
+        figures["rss_mb"] = idle + max(state, at_queue_peak + queue_bytes) / mib
         daemons.append(figures)
     sa_queries = path_queries(during)
     return {
@@ -464,9 +435,9 @@ async def scale_point(
         "peer_answers": pool.answered,
         "peer_requests_for_peers_unanswered": pool.unanswered,
         "daemon_requests_compared": pool.daemon_requests,
-        "per_daemon": {
-            key: _spread([figures[key] for figures in daemons])
-            for key in (
+        "per_daemon": _per_daemon(
+            daemons,
+            (
                 "cpu_s",
                 "handler_cpu_s",
                 "own_cpu_s",
@@ -487,12 +458,10 @@ async def scale_point(
                 "queue_peak",
                 "queue_mb",
                 "entries_at_queue_peak",
-            )
-        },
+            ),
+        ),
         "memory": {
             "idle_rss_mb": idle,
-            "memo_keys": memo_keys,
-            "memo_mb": round(memo / mib, 2),
             "queued_mad_bytes": max(t.queued_mad_bytes for t in handling.values()),
             # The K daemons' state counted once (shared keys and routes once), per entry:
             # the storm's way (one heap), without its allocator overhead.
@@ -565,11 +534,16 @@ def _check(reply: bytes, dlid: int, dgid: bytes) -> str:
     return "ok"
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), 4),
-        "max": round(max(values), 4),
-    }
+def _per_daemon(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Median and max over the daemons of each figure named in ``keys``."""
+    spread = {}
+    for key in keys:
+        values = [row[key] for row in rows]
+        spread[key] = {
+            "median": round(statistics.median(values), 4),
+            "max": round(max(values), 4),
+        }
+    return spread
 
 
 def run_one(nodes_count: int, full_count: int, config_name: str) -> dict[str, Any]:
@@ -789,9 +763,9 @@ async def process_point(
         "failures": {k: v for k, v in failures.items() if k != "ok"},
         "peer_requests": peer_requests,
         "burst_wall_s": round(burst_wall, 2),
-        "per_daemon": {
-            key: _spread([figures[key] for figures in per_daemon])
-            for key in (
+        "per_daemon": _per_daemon(
+            per_daemon,
+            (
                 "cpu_s",
                 "burst_cpu_s",
                 "clients_cpu_s",
@@ -800,8 +774,8 @@ async def process_point(
                 "ready_rss_mb",
                 "rss_mb",
                 "peak_rss_mb",
-            )
-        },
+            ),
+        ),
         "fabric": {
             "multicast_requests": during.get((ACM_CLASS, ACM_REQUEST, 0), 0),
             "sa_path_queries": path_queries(during),

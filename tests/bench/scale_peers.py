@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ibacm.acmp.groups import McGroup, build_join, parse_join_reply, plan_groups
+from ibacm.acmp.groups import McGroup, build_join, parse_join_reply, plan_groups, select_group
 from ibacm.config.options import Options
 from ibacm.fabric.api import MULTICAST_QPN, AddressVector, ReceivedMad, SaDestination, UdQp
 from ibacm.fabric.sim.world import SimWorld
@@ -51,8 +51,8 @@ class PeerPool:
     """By the 64-byte padded name they answer for."""
     listener: UdQp
     """One QP on a peer's port, joined to the ACM group: hears every multicast request."""
-    mgids: list[bytes]
-    """The groups a peer offers, lowest preference first (a daemon's ``joined_mgids``)."""
+    groups: dict[bytes, McGroup]
+    """The groups a peer offers, by MGID, lowest preference first (a daemon's groups)."""
     group: AddressVector
     """Group 0, where requests are multicast."""
     answered: int = 0
@@ -67,14 +67,20 @@ class PeerPool:
     """CPU spent hearing and answering (the peers' work, not a daemon's)."""
     undecodable: list[str] = field(default_factory=list)
 
+    @property
+    def mgids(self) -> list[bytes]:
+        """What a peer's request offers: its groups, lowest preference first."""
+        return list(self.groups)
+
     async def job_start(self, ring: list[str]) -> int:
         """Every peer multicasts its first request (for its ring successor); how many."""
         position = {name: index for index, name in enumerate(ring)}
+        mgids = self.mgids
         sent = 0
         for key, peer in self.peers.items():
             successor = ring[(position[peer.name] + 1) % len(ring)]
             mad = acm_request(
-                sent + 1, AddrType.NAME, successor.encode(), AddrType.NAME, key, self.mgids
+                sent + 1, AddrType.NAME, successor.encode(), AddrType.NAME, key, mgids
             )
             await peer.qp.send(mad.encode(), self.group, MULTICAST_QPN)
             sent += 1
@@ -106,11 +112,10 @@ class PeerPool:
         if from_peer:
             self.unanswered += 1
             return
-        # The most preferred group of the request that the peer offers too (select_group).
-        chosen = next((mgid for mgid in reversed(mad.gids) if mgid in self.mgids), None)
+        chosen = select_group(mad.gids, self.groups)  # as a daemon picks its answer's group
         if chosen is None:
             return
-        answer = acm_response(mad.tid, chosen).encode()
+        answer = acm_response(mad.tid, chosen.mgid).encode()
         back = AddressVector(dlid=received.slid, dgid=received.sgid)
         await peer.qp.send(answer, back, received.src_qp)
         self.answered += 1
@@ -154,5 +159,5 @@ async def open_peers(world: SimWorld, names: list[str], options: Options) -> Pee
     )
     mlid = parse_join_reply(reply, JOIN_TID, mgid).mlid
     await listener.attach_mcast(mgid, mlid)
-    mgids = [group.mgid for group in groups]
-    return PeerPool(peers, listener, mgids, AddressVector(dlid=mlid, dgid=mgid))
+    offered = {group.mgid: group for group in groups}
+    return PeerPool(peers, listener, offered, AddressVector(dlid=mlid, dgid=mgid))

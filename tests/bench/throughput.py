@@ -211,7 +211,6 @@ def measure(
     loadgen = gcc_build(BENCH_DIR / "loadgen.c", binary_dir)
     requests = {"c_ibacm": resolve_request(C_NODE, "node2")}
     profile_out = RESULTS_DIR / "profiles" if profile else None
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     results: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         servers = {
@@ -228,13 +227,7 @@ def measure(
             if reply[2] != 0 or AddrType(int.from_bytes(reply[20:22], "little")) != AddrType.PATH:
                 raise BenchError(f"{name} did not answer the RESOLVE: status {reply[2]}")
             results[f"{name}_reply_bytes"] = len(reply)
-            runs[name] = {}
-        for round_number in range(rounds):
-            for count in clients:
-                for name, (sock, pid) in servers.items():
-                    figures = run_load(loadgen, sock, request_files[name], count, seconds, pid)
-                    runs[name].setdefault(str(count), []).append(figures)
-                    _print_point(f"{name} #{round_number + 1}", figures)
+        runs = take_turns(loadgen, servers, request_files, clients, seconds, rounds)
         for name in ("ibacm", "c_ibacm"):
             if name in servers:
                 results[f"{name}_rss_mb"] = proc_rss_mb(servers[name][1])
@@ -244,6 +237,26 @@ def measure(
     if profile_out is not None:
         _print_profile(profile_out / "node1.prof")
     return results
+
+
+def take_turns(
+    loadgen: Path,
+    servers: dict[str, tuple[str, int]],
+    request_files: dict[str, Path],
+    clients: list[int],
+    seconds: float,
+    rounds: int,
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every (clients) point ``rounds`` times, the servers taking turns, so that drift of the
+    machine hits all alike: {server: {clients: [figures of each round]}}."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in servers}
+    for round_number in range(rounds):
+        for count in clients:
+            for name, (sock, pid) in servers.items():
+                figures = run_load(loadgen, sock, request_files[name], count, seconds, pid)
+                runs[name].setdefault(str(count), []).append(figures)
+                _print_point(f"{name} #{round_number + 1}", figures)
+    return runs
 
 
 def median_run(found: list[dict[str, Any]]) -> dict[str, Any]:
