@@ -606,12 +606,16 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-_DAEMON_WORDS = ("ibacm.core.cli", "/usr/sbin/ibacm", "ibacm.fabric.emu.device")
+_DAEMON_WORDS = ("ibacm.core.cli", "/usr/sbin/ibacm")
+_DEVICE_WORDS = ("ibacm.fabric.emu.device",)
 
 
-def _daemons_by_run_dir(layout: Layout, names: Sequence[str]) -> dict[int, str]:
-    """Daemons (and device processes) of this cluster that ``pids.json`` does not know, e.g.
-    one an operator restarted by hand: found by a node directory in their command line."""
+def _daemons_by_run_dir(
+    layout: Layout, names: Sequence[str], words: Sequence[str] = _DAEMON_WORDS
+) -> dict[int, str]:
+    """Daemons (or, with ``_DEVICE_WORDS``, device processes) of this cluster that
+    ``pids.json`` does not know, e.g. one an operator restarted by hand: found by a node
+    directory in their command line."""
     found: dict[int, str] = {}
     node_dirs = [f"{layout.node_dir(name)}/" for name in names]
     for entry in Path("/proc").iterdir():
@@ -621,7 +625,7 @@ def _daemons_by_run_dir(layout: Layout, names: Sequence[str]) -> dict[int, str]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if not any(word in cmdline for word in _DAEMON_WORDS):
+        if not any(word in cmdline for word in words):
             continue
         marker = next((d for d in node_dirs if d in cmdline), None)
         if marker is not None:
@@ -643,11 +647,14 @@ def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
     for pid, marker in _daemons_by_run_dir(layout, sorted(known)).items():
         nodes.setdefault(pid, marker)
     killed = _stop(nodes, time.monotonic() + grace)
+    # Devices only once their daemons are gone: a daemon closing its QPs still needs them.
     devices = {
         int(pid): sim_kinds.device_marker(name)
         for name, pid in pids.get("devices", {}).items()
         if pid
     }
+    for pid, marker in _daemons_by_run_dir(layout, sorted(known), _DEVICE_WORDS).items():
+        devices.setdefault(pid, marker)
     killed += _stop(devices, time.monotonic() + grace)
     hub_pid = pids.get("hub")
     if hub_pid:
