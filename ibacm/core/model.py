@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -192,6 +192,44 @@ def endpoint_by_index(
     return None
 
 
+class DeviceList(list[DeviceState]):
+    """The core's device list, with an index of its local addresses by key.
+
+    Every RESOLVE looks its source address up: a walk of devices, ports, endpoints and slots
+    touches a dozen objects per request (cold ones, in a daemon that idles between requests,
+    or in the storm's one heap of N daemons), the index one dict. It is rebuilt on first use
+    after ``changed()``, which whoever changes the lists (the topology) calls: ports up or
+    down, endpoints added or removed, addresses added or removed.
+    """
+
+    def __init__(self, devices: Iterable[DeviceState] = ()) -> None:
+        super().__init__(devices)
+        self._index: dict[AddressKey, AddressSlot] | None = None
+
+    def changed(self) -> None:
+        self._index = None
+
+    def find(self, key: AddressKey) -> AddressSlot | None:
+        index = self._index
+        if index is None:
+            index = self._index = {}
+            for slot in _walk_slots(self):
+                index.setdefault(slot.key, slot)  # the first in order wins, as in the walk
+        return index.get(key)
+
+
+def _walk_slots(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:
+    """Valid addresses of ports that are up, in device/port/endpoint/slot order."""
+    for device in devices:
+        for port in device.ports:
+            if port.core is None:  # not up
+                continue
+            for endpoint in port.endpoints:
+                for slot in endpoint.slots:
+                    if slot is not None:
+                        yield slot
+
+
 def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) -> AddressSlot | None:
     """The local address equal to (type, info), first in device/port/endpoint order.
 
@@ -200,16 +238,9 @@ def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) ->
     if addr_type not in _LOCAL_TYPES:
         return None
     key = address_key(addr_type, info)
-    # Plain loops: this runs for every RESOLVE (iter_endpoints' order, without generators).
-    for device in devices:
-        for port in device.ports:
-            if port.core is None:  # not up
-                continue
-            for endpoint in port.endpoints:
-                for slot in endpoint.slots:
-                    if slot is not None and slot.key == key:
-                        return slot
-    return None
+    if isinstance(devices, DeviceList):
+        return devices.find(key)
+    return next((slot for slot in _walk_slots(devices) if slot.key == key), None)
 
 
 _LOCAL_TYPES = frozenset((AddrType.NAME, AddrType.IP, AddrType.IP6))

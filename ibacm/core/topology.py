@@ -33,6 +33,7 @@ from ibacm.core.addresses import (
 )
 from ibacm.core.model import (
     AddressSlot,
+    DeviceList,
     DeviceState,
     EndpointState,
     PortState,
@@ -133,8 +134,9 @@ class Topology:
         self.providers = providers
         self.services = services
         self.addr_file = addr_file
-        self.devices: list[DeviceState] = []
-        """Reverse enumeration order, as C's device list (EP_QUERY order)."""
+        self.devices = DeviceList()
+        """Reverse enumeration order, as C's device list (EP_QUERY order). Every change to
+        its ports, endpoints or addresses below ends with ``devices.changed()``."""
         self.lock = trio.Lock()
         self._publish = publish or services.publish
         self._device_nurseries: dict[DeviceState, trio.Nursery] = {}
@@ -148,6 +150,7 @@ class Topology:
         """
         devices = await self.fabric.open()
         self.devices.extend(self._device_state(device) for device in reversed(devices))
+        self.devices.changed()
         if not self.addr_file.load():
             await self._generate_addr_file()
         async with trio.open_nursery() as nursery:
@@ -236,6 +239,7 @@ class Topology:
         scope, nursery = await nursery_parent.start(_port_nursery)
         core = CorePort(port.device.core, port.port, port.port_num, attrs, nursery)
         port.core, port.scope = core, scope
+        self.devices.changed()
         port.sa = SaChannel(port.port, attrs, self.services.options.sa_depth)
         self.services.sa_channels[core] = port.sa
         log.info(
@@ -308,6 +312,7 @@ class Topology:
         for endpoint in list(port.endpoints):
             await self._close_endpoint(endpoint)
         port.endpoints.clear()
+        self.devices.changed()
         if provider is not None and port.ctx is not None:
             try:
                 await provider.close_port(port.ctx)
@@ -321,6 +326,7 @@ class Topology:
             self.services.sa_channels.pop(port.core, None)
         port.core = port.scope = port.sa = None
         port.provider = port.ctx = None
+        self.devices.changed()
         log.info("port down", port=port.id)
         self._publish_port(port)
 
@@ -409,6 +415,7 @@ class Topology:
             log.info("endpoint without addresses discarded", endpoint=endpoint.id)
             return None
         port.endpoints.insert(0, endpoint)
+        self.devices.changed()
         log.info(
             "endpoint up",
             endpoint=endpoint.id,
@@ -439,12 +446,14 @@ class Topology:
             return None
         slot = AddressSlot(core, endpoint, ctx, spec.origin, spec.prefixlen, spec.ifname)
         endpoint.insert(slot)
+        self.devices.changed()
         log.debug("address added", endpoint=endpoint.id, address=spec.display)
         return slot
 
     def _remove_address(self, slot: AddressSlot) -> None:
         endpoint = slot.owner
         endpoint.remove(slot)
+        self.devices.changed()
         provider = endpoint.port.provider
         if provider is not None:
             try:
@@ -586,6 +595,7 @@ class Topology:
         if not endpoint.addresses():
             await self._close_endpoint(endpoint)
             port.endpoints.remove(endpoint)
+            self.devices.changed()
             log.info("endpoint removed: no addresses left", endpoint=endpoint.id)
         elif changed:
             self._publish_endpoint(endpoint)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
 
-from ibacm.core.model import EndpointState, iter_endpoints
+from ibacm.core.model import EndpointState, find_address, iter_endpoints
 from ibacm.fabric.api import PortEvent, PortEventType
 from ibacm.fabric.sim.topology import generate
+from ibacm.wire.client import AddrType
 from tests.core.support import Core, make_options, sim_core
 
 
@@ -203,3 +205,69 @@ async def test_reregister_while_down_is_delivered_when_the_port_comes_back(tmp_p
             lambda: any(e[:3] == ("event", 1, "client_reregister") for e in core.provider.events)
         )
         assert device.ports[0].reregister_pending is False
+
+
+def lookups(core: Core, addresses: list[str]) -> dict[str, str | None]:
+    """Which endpoint each address is found on by the source lookup of every RESOLVE (the
+    device list's index), checked against a walk of the same lists."""
+    found: dict[str, str | None] = {}
+    for text in addresses:
+        try:
+            packed = ipaddress.ip_address(text).packed
+            addr_type = AddrType.IP if len(packed) == 4 else AddrType.IP6
+        except ValueError:
+            packed, addr_type = text.encode(), AddrType.NAME
+        slot = find_address(core.topology.devices, addr_type, packed)
+        walked = find_address(list(core.topology.devices), addr_type, packed)
+        assert slot is walked, (text, slot, walked)
+        found[text] = None if slot is None else slot.owner.id
+    return found
+
+
+@pytest.mark.trio
+async def test_source_lookup_follows_every_change(tmp_path: Path) -> None:
+    topology = generate(2, ports_per_hca=2, pkeys=(0xFFFF, 0x8002))
+    lines = ["node1 mlx5_0 1 default", "old mlx5_0 1 default", "both mlx5_0 2 default"]
+    async with sim_core(tmp_path, topology=topology, addr_lines=lines) as core:
+        probe = ["10.0.0.1", "10.0.7.1", "node1", "old", "new", "part", "both"]
+        assert lookups(core, probe) == {
+            "10.0.0.1": "mlx5_0/1/0xffff",
+            "10.0.7.1": None,
+            "node1": "mlx5_0/1/0xffff",
+            "old": "mlx5_0/1/0xffff",
+            "new": None,
+            "part": None,
+            "both": "mlx5_0/2/0xffff",
+        }
+        core.world.add_address("node1", "ib0", "10.0.7.1/16")
+        await until(lambda: "10.0.7.1" in displays(core)["mlx5_0/1/0xffff"])
+        assert lookups(core, ["10.0.7.1"]) == {"10.0.7.1": "mlx5_0/1/0xffff"}
+        core.world.remove_address("node1", "10.0.0.1")
+        await until(lambda: "10.0.0.1/16" not in displays(core)["mlx5_0/1/0xffff"])
+        assert lookups(core, ["10.0.0.1"]) == {"10.0.0.1": None}
+        (tmp_path / "ibacm_addr.cfg").write_text(
+            "node1 mlx5_0 1 default\nnew mlx5_0 1 default\npart mlx5_0 1 0x8002\n"
+            "both mlx5_0 1 default\nboth mlx5_0 2 default\n"
+        )
+        await core.topology.reload_addresses()
+        found = lookups(core, probe)
+        assert (found["old"], found["new"], found["part"]) == (
+            None,
+            "mlx5_0/1/0xffff",
+            "mlx5_0/1/0x8002",
+        )
+        # On two ports: the first in port order is the source, then the other once it goes.
+        assert found["both"] == "mlx5_0/1/0xffff"
+        core.world.set_port_state("node1", "mlx5_0", 1, False)
+        await until(lambda: [ep.id for ep in endpoints(core)] == ["mlx5_0/2/0xffff"])
+        assert lookups(core, ["node1", "both", "part"]) == {
+            "node1": None,
+            "both": "mlx5_0/2/0xffff",
+            "part": None,
+        }
+        core.world.set_port_state("node1", "mlx5_0", 1, True)
+        await until(lambda: len(endpoints(core)) == 3)
+        assert lookups(core, ["node1", "both"]) == {
+            "node1": "mlx5_0/1/0xffff",
+            "both": "mlx5_0/1/0xffff",
+        }
