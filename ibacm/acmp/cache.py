@@ -12,8 +12,12 @@ behavior.md §9. Differences from C, all invisible on the wire:
   built only when it is sent. Address data recorded again replaces both, so a re-resolved
   entry never sends stale path fields to the SA (defect 33), and an all-to-all job start
   does not keep N^2 query records nobody sends.
-* A bound (``cache_max_entries``) evicts the least recently used learned entry that nobody is
-  waiting on (defect 32); loopback entries live in their own map and are never evicted.
+* A bound (``cache_max_entries``) evicts a learned entry nobody is waiting on and nobody
+  used lately (defect 32): the oldest ones not used since they were last passed over, in the
+  "second chance" (CLOCK) approximation of least recently used, as page caches do, down to
+  1/64 below the bound at once. A use costs one flag on the entry; an exact order cost an
+  OrderedDict (twice a dict's memory per entry) and a reordering per lookup. Loopback
+  entries live in their own map and are never evicted.
 * Expiry runs in the background from deadlines grouped by the second (``expire``), besides
   the on-lookup checks of C, so entries of peers nobody asks for again do not stay forever.
   The on-lookup checks are exact; the background sweep may come up to a second late, which
@@ -28,7 +32,6 @@ import enum
 import heapq
 import ipaddress
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -199,6 +202,7 @@ class DestEntry:
         "route_expiry",
         "scheduled",
         "state",
+        "used",
         "wake",
     )
 
@@ -243,6 +247,8 @@ class DestEntry:
         """When the entry last became READY (trio clock)."""
         self.scheduled = math.inf
         """The deadline of this entry's pending wake-up in the cache's expiry heap."""
+        self.used = False
+        """Looked up since the cache's bound last passed over it (its second chance)."""
 
     @property
     def path(self) -> PathRecord | None:
@@ -341,6 +347,9 @@ def _deadline(now: float, lifetime: float) -> float:
     return math.inf if lifetime == math.inf else now + lifetime
 
 
+BOUND_SLACK = 64
+"""A full cache drops its oldest idle entries down to 1/BOUND_SLACK below the bound."""
+
 Listener = Callable[[DestEntry, bool], None]
 """Told about changes the cache makes by itself: (entry, removed)."""
 
@@ -353,10 +362,8 @@ class DestCache:
         """0 = unbounded (as C)."""
         self.listener = listener
         self._loopback: dict[CacheKey, DestEntry] = {}
-        # Recency is kept only when there is a bound to enforce: an OrderedDict costs twice
-        # the memory of a dict per entry, and a reordering per lookup.
-        self._lru: OrderedDict[CacheKey, DestEntry] | None = OrderedDict() if max_entries else None
-        self._entries: dict[CacheKey, DestEntry] = self._lru if self._lru is not None else {}
+        self._entries: dict[CacheKey, DestEntry] = {}
+        """Learned entries, oldest first (insertion order; a second chance moves to the end)."""
         self._due: dict[float, list[DestEntry]] = {}
         """Entries to look at, by the whole second their earliest deadline falls in."""
         self._seconds: list[float] = []
@@ -380,12 +387,11 @@ class DestCache:
     # -- lookups --------------------------------------------------------------------------
 
     def get(self, key: CacheKey) -> DestEntry | None:
-        entry = self._loopback.get(key)
-        if entry is not None:
-            return entry
+        # Learned entries first: the two maps never share a key, and most lookups are peers.
         entry = self._entries.get(key)
-        if entry is not None and self._lru is not None:
-            self._lru.move_to_end(key)
+        if entry is None:
+            return self._loopback.get(key)
+        entry.used = True
         return entry
 
     def acquire(self, key: CacheKey) -> DestEntry:
@@ -504,17 +510,24 @@ class DestCache:
     # -- bound ----------------------------------------------------------------------------
 
     def _enforce_bound(self, keep: CacheKey) -> None:
-        lru = self._lru
-        if lru is None:
+        limit = self.max_entries
+        entries = self._entries
+        if not limit or len(entries) <= limit:
             return
-        # Busy entries met on the way move to the young end, so each is skipped only once.
-        budget = len(self._entries)
-        while len(self._entries) > self.max_entries and budget > 0:
-            budget -= 1
-            key, entry = next(iter(lru.items()))
-            if entry.busy or key == keep:
-                lru.move_to_end(key)
-                continue
-            del self._entries[key]
-            self.evicted += 1
-            self._tell(entry, True)
+        # Down to 1/64 below the bound at once: a pass starts at the oldest end, behind the
+        # holes the young-end moves leave in a dict, so it is paid once per batch.
+        excess = len(entries) - (limit - limit // BOUND_SLACK)
+        # Used entries lose their flag and go to the young end, busy ones and the new one
+        # just go there: the second pass finds entries to drop unless all are busy.
+        for _ in range(2):
+            for key in list(entries):
+                if excess <= 0:
+                    return
+                entry = entries.pop(key)
+                if entry.used or entry.busy or key == keep:
+                    entry.used = False
+                    entries[key] = entry
+                    continue
+                excess -= 1
+                self.evicted += 1
+                self._tell(entry, True)

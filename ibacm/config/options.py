@@ -31,7 +31,7 @@ Extensions (keys the C daemon ignores, so one file serves both daemons):
 ``admin_socket``
     path of the administration socket (default ``<run_dir>/ibacm-admin.sock``).
 ``cache_max_entries``
-    maximum destination-cache entries per endpoint, least recently used evicted first
+    maximum destination-cache entries per endpoint; when full, entries unused lately go first
     (default 65536; 0 = unbounded, as in C).
 ``cache_file`` / ``cache_save_interval``
     where the destination cache is persisted (default: not persisted; ``none`` disables) and

@@ -309,7 +309,7 @@ _EXTENSION_BLOCKS: tuple[_Block, ...] = (
     ),
     _Block(
         "cache_max_entries",
-        ("Cached destinations per endpoint, least recently used dropped first; 0 = no limit.",),
+        ("Cached destinations per endpoint; when full, those unused lately go first; 0 = no limit.",),
         active=False,
     ),
     _Block(

@@ -71,6 +71,31 @@ def test_bound_evicts_the_least_recently_used_idle_entry() -> None:
     assert cache.evicted == 1 and len(cache) == 3
 
 
+def test_a_full_cache_drops_its_oldest_unused_entries_at_once() -> None:
+    def key(i: int) -> tuple[int, bytes]:
+        return cache_key(IP, bytes([10, 1, i >> 8, i & 0xFF]))
+
+    def gone(upto: int) -> list[int]:  # without a lookup, which would count as a use
+        present = {entry.key for entry in cache.learned()}
+        return [i for i in range(upto) if key(i) not in present]
+
+    cache = DestCache(max_entries=128)
+    for i in range(128):
+        cache.acquire(key(i))
+    cache.get(key(0))  # used since it was cached: it gets a second chance
+    cache.acquire(key(128))
+    # 1/64 below the bound: 126 left, the three oldest entries nobody used are gone.
+    assert len(cache) == 126 and cache.evicted == 3
+    assert gone(129) == [1, 2, 3]
+    # Its second chance spent, entry 0 goes when it is the oldest unused one; new entries
+    # nobody used yet go before entries used since the last pass.
+    for i in range(4, 129):
+        cache.get(key(i))
+    for i in range(129, 132):
+        cache.acquire(key(i))
+    assert gone(132) == [0, 1, 2, 3, 129, 130] and cache.evicted == 6
+
+
 def test_bound_never_evicts_the_new_entry_or_loopback_entries() -> None:
     cache = DestCache(max_entries=1)
     local = cache.acquire(_key(9))
