@@ -309,7 +309,7 @@ _EXTENSION_BLOCKS: tuple[_Block, ...] = (
     ),
     _Block(
         "cache_max_entries",
-        ("Cached destinations per endpoint; when full, those unused lately go first; 0 = no limit.",),
+        ("Cached destinations per endpoint (full: unused ones go first); 0 = no limit.",),
         active=False,
     ),
     _Block(
