@@ -2,10 +2,12 @@
 
 behavior.md §9. Differences from C, all invisible on the wire:
 
-* Keys are canonical (defect 34): a name key is lower-cased and cut at its first NUL, every
-  other type keeps only its significant bytes (IPv4 4, IPv6/GID 16, LID 2), zero-filled to
-  that size. Not padded to the wire's 64 bytes: at 40,000 peers the padding was 2 MB of a
-  daemon's cache (the codecs pad when a key goes on the wire). Lookups are one dict access.
+* Keys are canonical (defect 34): one bytes object, the address type's byte followed by the
+  address; a name lower-cased and cut at its first NUL, every other type only its
+  significant bytes (IPv4 4, IPv6/GID 16, LID 2), zero-filled to that size. Not padded to
+  the wire's 64 bytes: at 40,000 peers the padding was 2 MB of a daemon's cache (the codecs
+  pad when a key goes on the wire); not a (type, address) tuple: 56 bytes an entry, and a
+  second object to compare in every dict probe. Lookups are one dict access.
 * Entries carry both the route (``path``) and what the SA query that finds it is made of
   (``route_query``): an explicit template (hosts file, path form, restored cache), or, for a
   peer learned through ACM, the group record and the peer's GID, from which the query is
@@ -55,8 +57,10 @@ NO_MGID = bytes(16)
 NO_GID = NO_MGID
 """A peer GID not known yet (the same shared 16 zero bytes)."""
 
-CacheKey = tuple[int, bytes]
-"""(address type, canonical address: see the module docstring)."""
+CacheKey = bytes
+"""The address type's byte, then the canonical address (see the module docstring)."""
+
+_TYPE_BYTE = {addr_type: bytes((addr_type,)) for addr_type in SIGNIFICANT}
 
 
 class CacheKeyError(ValueError):
@@ -72,17 +76,29 @@ def cache_key(addr_type: int, address: bytes) -> CacheKey:
     the key it was to save. A daemon holds a key once, in its cache."""
     if addr_type == NAME and len(address) <= ADDRESS_LEN:
         # Names first: an all-to-all job start makes two keys per resolution (ours, peers').
-        return NAME, address.split(b"\0", 1)[0].lower()
+        return _NAME_BYTE + address.split(b"\0", 1)[0].lower()
     size = SIGNIFICANT.get(int(addr_type))
     if size is None:
         raise CacheKeyError(f"address type {addr_type} cannot be cached (expected 1..5)")
     if len(address) > ADDRESS_LEN:
         raise CacheKeyError(f"address is {len(address)} bytes, at most {ADDRESS_LEN} fit")
-    return int(addr_type), address[:size].ljust(size, b"\0")
+    return _TYPE_BYTE[int(addr_type)] + address[:size].ljust(size, b"\0")
+
+
+_NAME_BYTE = _TYPE_BYTE[NAME]
+
+
+def key_type(key: CacheKey) -> int:
+    return key[0]
+
+
+def key_address(key: CacheKey) -> bytes:
+    """The canonical address of a key (unpadded; see ``cache_key``)."""
+    return key[1:]
 
 
 def lid_key(lid: int) -> CacheKey:
-    return LID, lid.to_bytes(2, "big")
+    return _TYPE_BYTE[LID] + lid.to_bytes(2, "big")
 
 
 def gid_key(gid: bytes) -> CacheKey:
@@ -91,7 +107,7 @@ def gid_key(gid: bytes) -> CacheKey:
 
 def describe_key(key: CacheKey) -> str:
     """Human form of a key for logs and the admin snapshot."""
-    addr_type, address = key
+    addr_type, address = key[0], key[1:]
     try:
         if addr_type == NAME:
             return address.rstrip(b"\0").decode("ascii", "backslashreplace")
@@ -272,7 +288,7 @@ class DestEntry:
 
     @property
     def addr_type(self) -> int:
-        return self.key[0]
+        return key_type(self.key)
 
     @property
     def busy(self) -> bool:

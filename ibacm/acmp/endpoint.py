@@ -34,6 +34,7 @@ from ibacm.acmp.cache import (
     EntryState,
     PendingQuery,
     cache_key,
+    key_address,
 )
 from ibacm.acmp.counters import EndpointCounters
 from ibacm.acmp.groups import (
@@ -307,9 +308,9 @@ class AcmpEndpoint:
         if addr_type in (NAME, IP, IP6):
             return key in self.addresses
         if addr_type == GID:
-            return self.port.core_port.attrs.gid_index(key[1][:16]) is not None
+            return self.port.core_port.attrs.gid_index(key_address(key)) is not None
         if addr_type == LID:
-            return self.port.owns_lid(int.from_bytes(key[1][:2], "big"))
+            return self.port.owns_lid(int.from_bytes(key_address(key), "big"))
         return False
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -28,6 +28,8 @@ from ibacm.acmp.cache import (
     DestEntry,
     EntryState,
     cache_key,
+    key_address,
+    key_type,
 )
 from ibacm.acmp.routes import address_query, av_from_path
 from ibacm.log import get_logger
@@ -70,7 +72,7 @@ def snapshot(entries: Iterable[DestEntry], now: float, wall_now: float) -> list[
             continue
         if entry.path is None:
             continue
-        addr_type, address = entry.key
+        addr_type, address = key_type(entry.key), key_address(entry.key)
         saved.append(
             {
                 "type": addr_type,

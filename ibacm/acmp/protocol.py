@@ -32,6 +32,8 @@ from ibacm.acmp.cache import (
     EntryState,
     KeyText,
     cache_key,
+    key_address,
+    key_type,
 )
 from ibacm.acmp.groups import McGroup, select_group
 from ibacm.log import get_logger
@@ -235,7 +237,7 @@ class PeerProtocol:
     @staticmethod
     def _from_address_asked(entry: DestEntry, received: ReceivedMad) -> bool:
         """For a GID or LID question, the answer must come from that GID or LID."""
-        addr_type, address = entry.key
+        addr_type, address = key_type(entry.key), key_address(entry.key)
         if addr_type == GID:
             return received.sgid == address[:16]
         if addr_type == LID:

@@ -38,6 +38,8 @@ from ibacm.acmp.cache import (
     PendingQuery,
     cache_key,
     gid_key,
+    key_address,
+    key_type,
     lid_key,
 )
 from ibacm.acmp.groups import joined_mgids
@@ -101,7 +103,7 @@ class Resolver:
             counters.endpoint_only(Counter.ERROR)
             log.debug("cannot resolve", reason=str(exc))
             return AcmStatus.EDESTTYPE, None
-        if key[0] in (GID, LID) and ep.local_match(*key) and ep.loopback_local:
+        if key[0] in (GID, LID) and ep.local_match(key[0], key[1:]) and ep.loopback_local:
             # Our own port by GID or LID: as local as our addresses (C asked the fabric,
             # where nobody answered).
             counters.both(Counter.ROUTE_CACHE)
@@ -295,7 +297,7 @@ class Resolver:
             pending.complete(AcmStatus.ENODATA)
             return
         tid = ep.core.next_tid()
-        addr_type, address = entry.key
+        addr_type, address = key_type(entry.key), key_address(entry.key)
         mad = acm_request(
             tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
         ).encode()

@@ -1,4 +1,4 @@
-"""The destination cache: canonical keys, LRU bound, lifetimes, operations."""
+"""The destination cache: canonical keys, its bound, lifetimes, operations."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import trio
 from ibacm.acmp.cache import (
     GID,
     IP,
+    IP6,
     LID,
     NAME,
     CacheKeyError,
@@ -18,6 +19,8 @@ from ibacm.acmp.cache import (
     Operation,
     cache_key,
     describe_key,
+    key_address,
+    key_type,
     lid_key,
 )
 from ibacm.wire.path_record import PathRecord
@@ -26,7 +29,8 @@ from ibacm.wire.path_record import PathRecord
 def test_name_keys_ignore_case_and_trailing_bytes() -> None:
     a = cache_key(NAME, b"Node10")
     b = cache_key(NAME, b"NODE10\0junk-after-the-terminator".ljust(64, b"\0"))
-    assert a == b == (NAME, b"node10")
+    assert a == b
+    assert (key_type(a), key_address(a)) == (NAME, b"node10")
 
 
 def test_keys_keep_only_significant_bytes() -> None:
@@ -34,13 +38,13 @@ def test_keys_keep_only_significant_bytes() -> None:
     assert cache_key(IP, ip + b"\x99" * 60) == cache_key(IP, ip)
     assert cache_key(LID, b"\x00\x05") == lid_key(5)
     # Each type's significant bytes, zero-filled to that size, never to the wire's 64.
-    assert cache_key(GID, bytes(16)) == (GID, bytes(16))
-    assert (
-        cache_key(IP, bytes([10]))
-        == cache_key(IP, bytes([10, 0, 0, 0]))
-        == (IP, bytes([10, 0, 0, 0]))
-    )
-    assert cache_key(NAME, b"node1".ljust(64, b"\0")) == (NAME, b"node1")
+    assert key_address(cache_key(GID, bytes(16))) == bytes(16)
+    assert cache_key(IP, bytes([10])) == cache_key(IP, bytes([10, 0, 0, 0]))
+    assert key_address(cache_key(IP, bytes([10]))) == bytes([10, 0, 0, 0])
+    assert key_address(cache_key(NAME, b"node1".ljust(64, b"\0"))) == b"node1"
+    # One type's key never equals another's, whatever the bytes.
+    assert cache_key(IP, bytes([10, 0, 0, 1])) != cache_key(NAME, bytes([10, 0, 0, 1]))
+    assert key_type(cache_key(IP6, bytes(16))) == IP6 and key_type(lid_key(5)) == LID
 
 
 @pytest.mark.parametrize(("kind", "address"), [(0, b"x"), (6, b"x"), (0x10, b"x"), (IP, bytes(65))])
@@ -56,7 +60,7 @@ def test_keys_describe_themselves() -> None:
     assert describe_key(cache_key(GID, bytes.fromhex("fe80" + "00" * 14))) == "fe80::"
 
 
-def _key(i: int) -> tuple[int, bytes]:
+def _key(i: int) -> bytes:
     return cache_key(IP, bytes([10, 0, 0, i]))
 
 
@@ -72,7 +76,7 @@ def test_bound_evicts_the_least_recently_used_idle_entry() -> None:
 
 
 def test_a_full_cache_drops_its_oldest_unused_entries_at_once() -> None:
-    def key(i: int) -> tuple[int, bytes]:
+    def key(i: int) -> bytes:
         return cache_key(IP, bytes([10, 1, i >> 8, i & 0xFF]))
 
     def gone(upto: int) -> list[int]:  # without a lookup, which would count as a use
