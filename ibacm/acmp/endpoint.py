@@ -72,6 +72,8 @@ what a not-ready endpoint answers, and what ``ib_acme -c`` style clients retry o
 
 EXPIRY_PERIOD = 60.0
 """Lifetimes are whole minutes; the expiry task looks at least this often."""
+RECEIVE_BATCH = 256
+"""MADs taken from the QP per call: a job start's burst costs one call per batch."""
 
 
 class EndpointState(enum.Enum):
@@ -517,7 +519,7 @@ class AcmpEndpoint:
         assert qp is not None
         while True:
             try:
-                received = await qp.receive()
+                batch = await qp.receive_many(RECEIVE_BATCH)
             except (trio.ClosedResourceError, trio.EndOfChannel):
                 return
             except FabricError as exc:
@@ -525,7 +527,8 @@ class AcmpEndpoint:
                 self.stats.send_errors += 1
                 log.debug("receive error", error=str(exc))
                 continue
-            self.protocol.handle(received)
+            for received in batch:
+                self.protocol.handle(received)
 
     def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
         try:

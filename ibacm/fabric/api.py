@@ -208,6 +208,12 @@ class UdQp(abc.ABC):
     async def receive(self) -> ReceivedMad:
         """Wait for the next received MAD (the receive buffer is re-posted by the backend)."""
 
+    async def receive_many(self, limit: int) -> list[ReceivedMad]:
+        """Wait for received MADs; return those queued already, at least one, at most
+        ``limit``. A job start brings every peer's request in one burst: one call per burst
+        instead of one per MAD. Backends with a queue override this."""
+        return [await self.receive()]
+
     @abc.abstractmethod
     async def attach_mcast(self, mgid: bytes, mlid: int) -> None: ...
 

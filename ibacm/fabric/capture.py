@@ -457,6 +457,16 @@ class TapUdQp(UdQp):
             tap.emit(self._received_trace(got))
         return got
 
+    async def receive_many(self, limit: int) -> list[ReceivedMad]:
+        if self.port.tap.observers:
+            await self.port.known_attrs()
+        batch = await self.inner.receive_many(limit)
+        tap = self.port.tap
+        if tap.observers:
+            for got in batch:
+                tap.emit(self._received_trace(got))
+        return batch
+
     def _received_trace(self, got: ReceivedMad) -> MadTrace:
         attrs = self.port.attrs
         lid = attrs.lid if attrs is not None else 0

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from ibacm.core.sa import sa_destination
-from ibacm.fabric.api import MULTICAST_QPN, SaTimeout
+from ibacm.fabric.api import MULTICAST_QPN, AddressVector, SaTimeout
 from ibacm.fabric.capture import (
     DEFAULT_QUEUE,
     INTERFACE_RECEIVED,
@@ -282,6 +282,33 @@ async def test_failures_and_observer_bugs(autojump_clock: trio.abc.Clock, tmp_pa
         assert (timeout.outcome, timeout.status) == (SaOutcome.TIMEOUT, None)
         assert timeout.latency == pytest.approx(0.1)  # 2 attempts of 50 ms
         assert recorder.traces[-1].direction is Direction.SENT  # the request, no answer
+
+
+@pytest.mark.trio
+async def test_a_batch_of_received_mads_is_traced_mad_by_mad(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    world = SimWorld(generate(3))
+    async with running(world):
+        tap = TapFabric(world.fabric("node2"))
+        recorder = Recorder()
+        tap_port = (await tap.open())[0].port(1)
+        tapped = await tap_port.open_ud(0, recv_depth=8)
+        sender_port = (await world.fabric("node3").open())[0].port(1)
+        sender = await sender_port.open_ud(0, recv_depth=8)
+        lid = (await tap_port.query()).lid
+        tap.add_observer(recorder)
+        mads = [
+            bytes([1, 0x2C, 1, 0x81]) + bytes(4) + tag.to_bytes(8, "big") + bytes(240)
+            for tag in range(3)
+        ]
+        for mad in mads:
+            await sender.send(mad, AddressVector(dlid=lid), tapped.qpn)
+        await trio.sleep(1)
+        assert [got.mad for got in await tapped.receive_many(8)] == mads
+        traced = [t for t in recorder.traces if t.direction is Direction.RECEIVED]
+        assert [t.mad for t in traced] == mads
+        await tap.aclose()
 
 
 @pytest.mark.trio

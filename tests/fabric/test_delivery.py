@@ -146,6 +146,27 @@ async def test_full_receive_queue_drops_and_counts(autojump_clock: trio.abc.Cloc
 
 
 @pytest.mark.trio
+async def test_receive_many_takes_what_is_queued_in_order(autojump_clock: trio.abc.Clock) -> None:
+    world = SimWorld(generate(2))
+    async with running(world):
+        a, b = await open_node(world.fabric("node1")), await open_node(world.fabric("node2"))
+        qa, qb = await a.qp(), await b.qp()
+        for tag in range(5):
+            await qa.send(acm_mad(tag=tag), AddressVector(dlid=b.lid), qb.qpn)
+        await trio.sleep(1)
+        assert [got.mad for got in await qb.receive_many(2)] == [acm_mad(tag=t) for t in (0, 1)]
+        assert [got.mad for got in await qb.receive_many(10)] == [acm_mad(tag=t) for t in (2, 3, 4)]
+        # An empty queue waits for the next MAD, then gives what is there.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(qa.send, acm_mad(tag=9), AddressVector(dlid=b.lid), qb.qpn)
+            assert [got.mad for got in await qb.receive_many(10)] == [acm_mad(tag=9)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(qb.aclose)
+            with pytest.raises(trio.ClosedResourceError):
+                await qb.receive_many(10)
+
+
+@pytest.mark.trio
 async def test_down_port_cannot_send_and_receives_nothing(autojump_clock: trio.abc.Clock) -> None:
     world = SimWorld(generate(2))
     async with running(world):

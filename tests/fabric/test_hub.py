@@ -70,12 +70,20 @@ async def test_two_daemons_exchange_unicast_and_multicast_through_the_hub(
         await qb.send(acm_mad(0x81, 7), AddressVector(dlid=a.lid, dgid=a.gid), qa.qpn)
         got = await qa.receive()
         assert (got.mad[3], got.sgid, got.dgid, got.src_qp) == (0x81, b.gid, a.gid, qb.qpn)
+        # Several queued MADs come in one receive_many, in order, at most the limit.
+        for tag in (1, 2, 3):
+            await qb.send(acm_mad(0x81, tag), AddressVector(dlid=a.lid, dgid=a.gid), qa.qpn)
+        batches: list[list[int]] = []
+        while sum(map(len, batches)) < 3:
+            batches.append([got.mad[15] for got in await qa.receive_many(2)])
+        assert [tag for batch in batches for tag in batch] == [1, 2, 3]
+        assert all(1 <= len(batch) <= 2 for batch in batches)
         # A GetTable answer crosses the hub as RMPP segments and is reassembled by the client.
         table = SaMad.decode(await a.sa(build_path_get_table(2, PathRecord(sgid=a.gid))))
         assert len(table.records(64)) == 4
         stats = await hub_call(path, {"op": "stats"})
         assert stats["connected"] == ["node1", "node2"]
-        assert [0x2C, 0x81, 0, 1] in stats["counters"]
+        assert [0x2C, 0x81, 0, 4] in stats["counters"]  # the answer and the three tagged
         await f1.aclose()
         await f2.aclose()
 

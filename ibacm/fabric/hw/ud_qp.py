@@ -147,6 +147,11 @@ class HwUdQp(UdQp):
         await self._poller.wait_until(lambda: bool(self._received))
         return self._received.popleft()
 
+    async def receive_many(self, limit: int) -> list[ReceivedMad]:
+        await self._poller.wait_until(lambda: bool(self._received))
+        queue = self._received
+        return [queue.popleft() for _ in range(min(limit, len(queue)))]
+
     async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
         self._require_open()
         self._res.lib.attach_mcast(self._qp_pointer, mgid, mlid)

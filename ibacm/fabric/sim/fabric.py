@@ -75,6 +75,19 @@ class SimUdQp(UdQp):
         self._world.ud_send(self._qp, mad, av, remote_qpn)
 
     async def receive(self) -> ReceivedMad:
+        await self._wait_queued()
+        return self._queue.popleft()
+
+    async def receive_many(self, limit: int) -> list[ReceivedMad]:
+        await self._wait_queued()
+        queue = self._queue
+        if len(queue) <= limit:
+            batch = list(queue)
+            queue.clear()
+            return batch
+        return [queue.popleft() for _ in range(limit)]
+
+    async def _wait_queued(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         while not self._queue:
             if self._qp.closed:
@@ -82,7 +95,6 @@ class SimUdQp(UdQp):
             await self._waiters.park()
         if self._qp.closed:
             raise trio.ClosedResourceError("the QP was destroyed")
-        return self._queue.popleft()
 
     async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
         await trio.lowlevel.checkpoint()

@@ -229,10 +229,14 @@ class HubUdQp(UdQp):
             raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
 
     async def receive(self) -> ReceivedMad:
+        return (await self.receive_many(1))[0]
+
+    async def receive_many(self, limit: int) -> list[ReceivedMad]:
         await self._link.until(lambda: bool(self._queue) or self._closed)
         if self._closed:
             raise trio.ClosedResourceError("the QP was destroyed")
-        return self._queue.popleft()
+        queue = self._queue
+        return [queue.popleft() for _ in range(min(limit, len(queue)))]
 
     async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
         await self._link.call(

@@ -125,6 +125,19 @@ async def test_receive_takes_the_source_from_the_grh_and_reposts_the_buffer() ->
 
 
 @pytest.mark.trio
+async def test_receive_many_takes_every_polled_mad_up_to_the_limit() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    for slot, slid in ((0, 4), (1, 5), (2, 6)):
+        hca.deliver(slot, bytes(8) + PEER_GID + bytes(16), MAD, slid=slid, src_qp=1)
+    assert [got.slid for got in await qp.receive_many(2)] == [4, 5]
+    assert [got.slid for got in await qp.receive_many(8)] == [6]
+    assert hca.qp is not None
+    assert sorted(wr.wr_id for wr in hca.qp.recvs[4:]) == [0, 1, 2]
+    await qp.aclose()
+
+
+@pytest.mark.trio
 async def test_error_completions_still_repost_their_buffer() -> None:
     hca = FakeHca()
     qp = open_qp(hca)
