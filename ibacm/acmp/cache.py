@@ -195,30 +195,33 @@ class PendingQuery:
 class DestEntry:
     """One destination (behavior.md §9.2)."""
 
-    __slots__ = (
-        "_path",
-        "addr_expiry",
-        "av",
-        "group_route",
-        "hits",
-        "key",
-        "learned_from",
+    # Not sorted: what a cache hit reads comes first and together (a few cache lines fewer
+    # per hit when N daemons' entries do not fit in the CPU's caches), then what learning a
+    # peer writes.
+    __slots__ = (  # noqa: RUF023
+        "state",
         "loopback",
-        "mgid",
         "op",
+        "addr_expiry",
+        "route_expiry",
+        "used",
+        "hits",
+        "_path",
+        "group_route",
+        "query",
         "peer_gid",
         "peer_lid",
+        "key",
+        "remote_qpn",
+        "learned_from",
+        "mgid",
+        "av",
+        "route_av",
         "peer_path_bits",
         "preloaded",
-        "query",
-        "ready_at",
-        "remote_qpn",
-        "reply_tid",
-        "route_av",
-        "route_expiry",
         "scheduled",
-        "state",
-        "used",
+        "ready_at",
+        "reply_tid",
         "wake",
     )
 
