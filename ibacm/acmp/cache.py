@@ -391,6 +391,8 @@ class DestCache:
         """Each key of ``_due`` by itself (see ``_schedule``)."""
         self.evicted = 0
         self.expired = 0
+        self._last_addr_deadline: tuple[float, float, float] = (math.nan, math.nan, math.nan)
+        """(now, lifetime, deadline) of the last ``set_addr_timeout``."""
 
     def __len__(self) -> int:
         return len(self._entries) + len(self._loopback)
@@ -465,8 +467,16 @@ class DestCache:
             self._schedule(entry, route_expiry)
 
     def set_addr_timeout(self, entry: DestEntry, now: float, addr_lifetime: float) -> None:
-        entry.addr_expiry = _deadline(now, addr_lifetime)
-        self._schedule(entry, entry.addr_expiry)
+        last = self._last_addr_deadline
+        if last[0] is now and last[1] == addr_lifetime:
+            # The same batch of received MADs: entries share its deadline float (24 bytes
+            # each, and a job start learns N-1 peers in a few batches).
+            deadline = last[2]
+        else:
+            deadline = _deadline(now, addr_lifetime)
+            self._last_addr_deadline = (now, addr_lifetime, deadline)
+        entry.addr_expiry = deadline
+        self._schedule(entry, deadline)
 
     def _schedule(self, entry: DestEntry, deadline: float) -> None:
         # One pending wake-up per entry: a later deadline waits for the earlier wake-up,

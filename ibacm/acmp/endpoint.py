@@ -527,8 +527,10 @@ class AcmpEndpoint:
                 self.stats.send_errors += 1
                 log.debug("receive error", error=str(exc))
                 continue
+            # One clock reading per batch: its MADs share the lifetimes' deadline floats.
+            now = trio.current_time()
             for received in batch:
-                self.protocol.handle(received)
+                self.protocol.handle(received, now)
 
     def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
         try:

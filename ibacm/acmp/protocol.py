@@ -56,7 +56,9 @@ class PeerProtocol:
     def __init__(self, endpoint: AcmpEndpoint) -> None:
         self.ep = endpoint
 
-    def handle(self, received: ReceivedMad) -> None:
+    def handle(self, received: ReceivedMad, now: float | None = None) -> None:
+        """One received MAD; ``now`` (trio clock) is when its batch was taken from the QP,
+        read once for the batch: it stamps the lifetimes of what the MAD teaches."""
         try:
             mad = AcmMad.decode(received.mad)
         except WireError as exc:
@@ -64,13 +66,13 @@ class PeerProtocol:
             log.debug("dropped a bad MAD", reason=str(exc), slid=received.slid)
             return
         if mad.is_response:
-            self._on_response(received, mad)
+            self._on_response(received, mad, now)
         else:
-            self._on_request(received, mad)
+            self._on_request(received, mad, now)
 
     # -- responder side -------------------------------------------------------------------
 
-    def _on_request(self, received: ReceivedMad, mad: AcmMad) -> None:
+    def _on_request(self, received: ReceivedMad, mad: AcmMad, now: float | None) -> None:
         # Every daemon of a job start receives every other daemon's request: this runs N-1
         # times per daemon, so it keeps to plain attribute reads and one clock reading.
         ep = self.ep
@@ -104,7 +106,8 @@ class PeerProtocol:
             if targets_us:
                 entry.reply_tid = mad.tid
             return
-        now = trio.current_time()
+        if now is None:
+            now = trio.current_time()
         if (
             state is EntryState.INIT
             or state is EntryState.QUERY_ADDR
@@ -210,7 +213,7 @@ class PeerProtocol:
 
     # -- requester side -------------------------------------------------------------------
 
-    def _on_response(self, received: ReceivedMad, mad: AcmMad) -> None:
+    def _on_response(self, received: ReceivedMad, mad: AcmMad, now: float | None) -> None:
         ep = self.ep
         ep.stats.responses_received += 1
         pending = ep.outstanding.get(mad.tid)
@@ -231,7 +234,7 @@ class PeerProtocol:
         if group is None:
             pending.complete(AcmStatus.ENODATA)
             return
-        self.record_address(entry, received, group, trio.current_time())
+        self.record_address(entry, received, group, trio.current_time() if now is None else now)
         pending.complete(AcmStatus.SUCCESS)
 
     @staticmethod

@@ -136,6 +136,27 @@ def test_expiry_removes_addresses_and_demotes_routes() -> None:
     assert cache.next_deadline() == math.inf
 
 
+def test_peers_learned_in_one_batch_share_their_deadline() -> None:
+    cache = DestCache()
+    batch_time, later = 12.5, 13.25
+    first, second, third = (cache.acquire(_key(i)) for i in range(3))
+    cache.set_addr_timeout(first, batch_time, 600.0)
+    cache.set_addr_timeout(second, batch_time, 600.0)
+    cache.set_addr_timeout(third, later, 600.0)
+    assert first.addr_expiry == second.addr_expiry == 612.5 and third.addr_expiry == 613.25
+    assert first.addr_expiry is second.addr_expiry  # one float for the batch
+    # An equal time that is not the batch's own reading, or another lifetime: computed anew.
+    fourth, fifth = cache.acquire(_key(4)), cache.acquire(_key(5))
+    cache.set_addr_timeout(fourth, later, 60.0)
+    cache.set_addr_timeout(fifth, later, 600.0)
+    assert (fourth.addr_expiry, fifth.addr_expiry) == (73.25, 613.25)
+    for entry in (first, second, third, fourth, fifth):
+        entry.state = EntryState.ADDR_RESOLVED
+    assert cache.expire(100.0) == 1 and cache.get(_key(4)) is None
+    assert cache.expire(613.0) == 2  # the batch
+    assert [cache.get(_key(i)) for i in (2, 5)] == [third, fifth]
+
+
 def test_expiry_leaves_entries_being_resolved_alone() -> None:
     cache = DestCache()
     entry = cache.acquire(_key(1))

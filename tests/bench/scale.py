@@ -162,11 +162,11 @@ def time_handler(node: CoreNode) -> HandlerTime:
         protocol = endpoint.protocol
         handle = protocol.handle
 
-        def timed(received: ReceivedMad, handle: Any = handle) -> None:
+        def timed(received: ReceivedMad, now: float | None = None, handle: Any = handle) -> None:
             timer.queued -= 1
             started = time.process_time()
             try:
-                handle(received)
+                handle(received, now)
             finally:
                 timer.cpu += time.process_time() - started
                 timer.calls += 1

@@ -308,10 +308,10 @@ def _time_handler(endpoint: Any, spent: list[float]) -> None:
     protocol = endpoint.protocol
     handle = protocol.handle
 
-    def timed(received: Any) -> None:
+    def timed(received: Any, now: float | None = None) -> None:
         started = time.perf_counter()
         try:
-            handle(received)
+            handle(received, now)
         finally:
             spent[0] += time.perf_counter() - started
 
