@@ -74,7 +74,8 @@ class PeerProtocol:
 
     def _on_request(self, received: ReceivedMad, mad: AcmMad, now: float | None) -> None:
         # Every daemon of a job start receives every other daemon's request: this runs N-1
-        # times per daemon, so it keeps to plain attribute reads and one clock reading.
+        # times per daemon, so it keeps to plain attribute reads and reads no clock (the
+        # receive loop passes the time its batch was taken).
         ep = self.ep
         if mad.method != ACM_METHOD_RESOLVE or not 1 <= mad.src_type <= MAX_ADDRESS_TYPE:
             ep.stats.bad_mads += 1
