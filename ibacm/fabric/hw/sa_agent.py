@@ -7,9 +7,11 @@ the caller's ``timeout_ms`` and ``retries``, the kernel retransmits, and a reply
 the low 32 bits of its TID because the kernel rewrites the upper 32 bits. A request the kernel
 gave up on comes back with status ETIMEDOUT and raises ``SaTimeout``.
 
-Receiving is a blocking ``umad_recv`` with a short timeout run in a worker thread (the port
-"fd" of ibsim's preload is not pollable), driven by whichever request is waiting
-(``TurnPoller``). A trio deadline of ``timeout_ms x (retries + 1)`` plus a grace period
+Receiving is driven by whichever request is waiting (``TurnPoller``): it waits in trio for
+the port's fd (a kernel umad device, the emulated HCA's socket) and reads what is queued;
+where there is no fd to poll (ibsim's preload) it runs a blocking ``umad_recv`` with a short
+timeout in a worker thread. The thread's hand-offs cost each SA reply two wake-ups more.
+A trio deadline of ``timeout_ms x (retries + 1)`` plus a grace period
 backs the kernel's own timeout up, so a MAD layer that never reports timeouts (the simulator)
 still ends every request.
 
@@ -107,6 +109,7 @@ class SaAgent:
         self._portid: int | None = None
         self._agent = -1
         self._pending: dict[int, _Transaction] = {}
+        self._fd: int | None = None
         self._poller = TurnPoller(self._receive_step, name=f"SA agent {ca_name}:{port_num}")
         self.unmatched = 0
         """Replies that matched no outstanding request (late, duplicate or foreign)."""
@@ -122,10 +125,16 @@ class SaAgent:
             self._umad.close_port(portid)
             raise
         self._portid = portid
+        self._fd = self._umad.poll_fd(portid)
 
     @property
     def outstanding(self) -> int:
         return len(self._pending)
+
+    @property
+    def polled(self) -> bool:
+        """Replies are read when the port's fd polls readable (not in a worker thread)."""
+        return self._fd is not None
 
     async def request(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
@@ -152,6 +161,8 @@ class SaAgent:
         if self._portid is None:
             return
         self._poller.close()
+        if self._fd is not None:
+            trio.lowlevel.notify_closing(self._fd)  # wakes a step waiting for the fd
         await self._poller.wait_idle()
         portid, self._portid = self._portid, None
         self._umad.unregister(portid, self._agent)
@@ -193,7 +204,11 @@ class SaAgent:
         if portid is None:
             return
         try:
-            packet = await trio.to_thread.run_sync(self._umad.recv, portid, self._poll_ms)
+            if self._fd is not None:
+                await trio.lowlevel.wait_readable(self._fd)
+                packet = self._umad.recv(portid, 0)
+            else:
+                packet = await trio.to_thread.run_sync(self._umad.recv, portid, self._poll_ms)
         except UmadError as exc:
             self._fail_all(SaSendError(f"receive on {self.ca_name}: {exc}"))
             return

@@ -15,8 +15,11 @@ Facts this binding relies on:
   the packet then stays queued and is read again with a larger buffer.
 * A send that the kernel gave up on comes back through ``umad_recv`` with a non-zero status
   (``ETIMEDOUT``) and the MAD as sent, so it can be matched to its request by TID.
-* Under the preload the port "fd" is not a real file descriptor: receiving is a blocking call
-  that the SA agent runs in a worker thread.
+* A kernel port's fd (``umad_get_fd``) polls readable when a packet is queued, and so does
+  the emulated HCA's (a socket): the SA agent waits for it in trio and reads with a timeout
+  of 0, which returns ``-ETIMEDOUT`` or ``-EAGAIN`` when nothing is queued. Under ibsim's
+  preload the "fd" is a number of its own (1024 on), not a descriptor: receiving is then a
+  blocking call that the SA agent runs in a worker thread (``poll_fd`` says which).
 
 Every call here blocks at most for the timeout it is given; nothing here knows about trio.
 """
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Protocol
@@ -172,6 +177,11 @@ class UmadApi(Protocol):
 
     def recv(self, portid: int, timeout_ms: int) -> UmadPacket | None: ...
 
+    def poll_fd(self, portid: int) -> int | None:
+        """A descriptor that polls readable when ``recv`` has a packet, or None when there
+        is none to poll (then ``recv`` blocks in a worker thread)."""
+        ...
+
 
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("ascii", "replace")
@@ -240,6 +250,7 @@ class LibUmad:
             "umad_set_pkey": (c_int, [c_void_p, c_int]),
             "umad_send": (c_int, [c_int, c_int, c_void_p, c_int, c_int, c_int]),
             "umad_recv": (c_int, [c_int, c_void_p, ctypes.POINTER(c_int), c_int]),
+            "umad_get_fd": (c_int, [c_int]),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
@@ -339,12 +350,22 @@ class LibUmad:
                     status=int(self._lib.umad_status(buffer)),
                     mad=buffer.raw[start : start + length.value],
                 )
-            if rc == -errno.ETIMEDOUT:
+            if rc in (-errno.ETIMEDOUT, -errno.EAGAIN):
                 return None
             if rc == -errno.ENOSPC and capacity < length.value <= MAX_RECV:
                 capacity, wait = length.value, 0  # the packet is still queued: read it now
                 continue
             raise UmadError(f"umad_recv failed: {self._err(rc)}")
+
+    def poll_fd(self, portid: int) -> int | None:
+        if "umad2sim" in os.environ.get("LD_PRELOAD", ""):
+            return None  # ibsim's fake descriptors: a real one may have the same number
+        fd = int(self._lib.umad_get_fd(portid))
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            return None
+        return fd if stat.S_ISCHR(mode) or stat.S_ISSOCK(mode) else None
 
     @staticmethod
     def _err(rc: int) -> str:

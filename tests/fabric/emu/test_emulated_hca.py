@@ -294,6 +294,50 @@ print(json.dumps({"count": count, "size": size, "agent": agent, "first": first,
 """
 
 
+OUR_SA_AGENT = """
+import json, trio
+from ibacm.fabric.api import SaDestination
+from ibacm.fabric.hw.sa_agent import SaAgent
+from ibacm.fabric.hw.umad import LibUmad
+from ibacm.wire.mad import SaMad, build_path_get
+from ibacm.wire.path_record import PathRecord
+
+async def main():
+    umad = LibUmad()
+    ca = umad.ca_names()[0]
+    port = umad.port(ca, 1)
+    agent = SaAgent(umad, ca, 1)
+    agent.open()
+    query = build_path_get(0x77, PathRecord(dlid=port.base_lid))
+    dest = SaDestination(sm_lid=port.sm_lid, sm_sl=0, pkey_index=0)
+    reply = SaMad.decode(await agent.request(query, dest, timeout_ms=1000, retries=1))
+    await agent.aclose()
+    path = PathRecord.decode(reply.data[:64])
+    print(json.dumps({"polled": agent.polled, "status": reply.mad.status,
+                      "method": reply.mad.method, "dlid": path.dlid, "lid": port.base_lid}))
+
+trio.run(main)
+"""
+
+
+def test_our_sa_agent_polls_the_emulated_umad_port(fabric: Fabric) -> None:
+    """The hw backend's SA agent under the preload: the port's fd is a socket it can poll
+    (as a kernel umad device), so replies are read without a worker thread."""
+    done = subprocess.run(
+        [sys.executable, "-c", OUR_SA_AGENT],
+        capture_output=True,
+        text=True,
+        env=fabric.env("node1"),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["polled"] is True
+    assert (result["status"], result["method"]) == (0, 0x81)
+    assert result["dlid"] == result["lid"]
+
+
 def test_libibumad_sa_request_with_enospc_and_timeout(fabric: Fabric) -> None:
     """A SubnAdmGet through the real libibumad API: answered by the fabric's SA; a too-small
     buffer gets -ENOSPC with the length it needs and the answer stays queued; with the SA

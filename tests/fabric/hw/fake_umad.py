@@ -2,13 +2,16 @@
 
 Like the kernel it rewrites the upper 32 bits of every sent TID (replies carry them back),
 hands out packets from a thread-safe queue to a blocking ``recv`` with a timeout, and can
-return a send with status ETIMEDOUT. A ``responder`` callback plays the SA.
+return a send with status ETIMEDOUT. A ``responder`` callback plays the SA. With
+``pollable`` it offers a descriptor that polls readable while a packet is queued, as a
+kernel umad device does; without, it is like ibsim's preload (no descriptor to poll).
 """
 
 from __future__ import annotations
 
 import errno
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,11 +45,24 @@ class FakeUmad:
     registered: list[tuple[int, int, int, int]] = field(default_factory=list)
     unregistered: list[tuple[int, int]] = field(default_factory=list)
     recv_calls: int = 0
+    pollable: bool = False
 
     def __post_init__(self) -> None:
         self.inbox: queue.Queue[UmadPacket] = queue.Queue()
         self._lock = threading.Lock()
         self._next_port = 1024  # like the simulator's fake fds
+        # One byte in the socket pair per queued packet: the read end polls like a device.
+        self._bell: tuple[socket.socket, socket.socket] | None = (
+            socket.socketpair() if self.pollable else None
+        )
+
+    def poll_fd(self, portid: int) -> int | None:
+        return self._bell[0].fileno() if self._bell is not None else None
+
+    def release(self) -> None:
+        if self._bell is not None:
+            for end in self._bell:
+                end.close()
 
     # -- discovery -----------------------------------------------------------------------
     def ca_names(self) -> list[str]:
@@ -103,13 +119,20 @@ class FakeUmad:
     def recv(self, portid: int, timeout_ms: int) -> UmadPacket | None:
         self.recv_calls += 1
         try:
-            return self.inbox.get(timeout=timeout_ms / 1000)
+            packet = (
+                self.inbox.get(timeout=timeout_ms / 1000) if timeout_ms else self.inbox.get_nowait()
+            )
         except queue.Empty:
             return None
+        if self._bell is not None:
+            self._bell[0].recv(1)
+        return packet
 
     # -- helpers for tests -----------------------------------------------------------------
     def deliver(self, mad: bytes, *, status: int = 0, agent_id: int = 7) -> None:
         self.inbox.put(UmadPacket(agent_id=agent_id, status=status, mad=mad))
+        if self._bell is not None:
+            self._bell[1].send(b"\1")
 
     def time_out(self, sent: SentMad) -> None:
         """What the kernel does after the last retry: the send comes back, status ETIMEDOUT."""

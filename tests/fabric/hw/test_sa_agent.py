@@ -1,14 +1,17 @@
 """The umad SA agent: TID matching, timeouts, send failures, RMPP, closing.
 
-The fake umad behaves like the kernel where it matters (upper TID bits rewritten, blocking
-receive with a timeout in a worker thread, ETIMEDOUT returns), so these run on trio's real
-clock with short timeouts.
+The fake umad behaves like the kernel where it matters (upper TID bits rewritten, ETIMEDOUT
+returns), so these run on trio's real clock with short timeouts. Every test runs twice: with
+a descriptor to poll (a kernel umad device, the emulated HCA) and without (ibsim's preload:
+a blocking receive with a timeout in a worker thread).
 """
 
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 import pytest
 import trio
@@ -33,6 +36,22 @@ from tests.fabric.hw.fake_umad import FakeUmad, SentMad
 
 DEST = SaDestination(sm_lid=1, sm_sl=2, pkey_index=3)
 
+MakeUmad = Callable[..., FakeUmad]
+
+
+@pytest.fixture(params=["polled", "threaded"])
+def fake_umad(request: pytest.FixtureRequest) -> Iterator[MakeUmad]:
+    made: list[FakeUmad] = []
+
+    def make(**kwargs: Any) -> FakeUmad:
+        umad = FakeUmad(pollable=request.param == "polled", **kwargs)
+        made.append(umad)
+        return umad
+
+    yield make
+    for umad in made:
+        umad.release()
+
 
 def answer_with_dlid(umad: FakeUmad, sent: SentMad) -> None:
     """An SA that answers a PathRecord GET with the requested DLID and SLID 9."""
@@ -53,8 +72,8 @@ def path_get(tid: int, dlid: int) -> bytes:
 
 
 @pytest.mark.trio
-async def test_reply_matched_on_low_tid_bits_and_sent_like_c() -> None:
-    umad = FakeUmad(responder=answer_with_dlid)
+async def test_reply_matched_on_low_tid_bits_and_sent_like_c(fake_umad: MakeUmad) -> None:
+    umad = fake_umad(responder=answer_with_dlid)
     agent = await open_agent(umad)
     reply = await agent.request(path_get(0x1234, 5), DEST, timeout_ms=500, retries=2)
     decoded = SaMad.decode(reply)
@@ -71,8 +90,10 @@ async def test_reply_matched_on_low_tid_bits_and_sent_like_c() -> None:
 
 
 @pytest.mark.trio
-async def test_concurrent_requests_each_get_their_own_reply_in_any_order() -> None:
-    umad = FakeUmad()
+async def test_concurrent_requests_each_get_their_own_reply_in_any_order(
+    fake_umad: MakeUmad,
+) -> None:
+    umad = fake_umad()
     agent = await open_agent(umad)
     results: dict[int, int] = {}
 
@@ -93,8 +114,8 @@ async def test_concurrent_requests_each_get_their_own_reply_in_any_order() -> No
 
 
 @pytest.mark.trio
-async def test_unmatched_and_late_replies_are_dropped_and_counted() -> None:
-    umad = FakeUmad()
+async def test_unmatched_and_late_replies_are_dropped_and_counted(fake_umad: MakeUmad) -> None:
+    umad = fake_umad()
     agent = await open_agent(umad)
     stray = build_sa_response(SaMad.decode(path_get(0x77, 1)), 0, bytes(64))
     umad.deliver(stray)
@@ -113,8 +134,8 @@ async def test_unmatched_and_late_replies_are_dropped_and_counted() -> None:
 
 
 @pytest.mark.trio
-async def test_kernel_timeout_status_raises_sa_timeout_at_once() -> None:
-    umad = FakeUmad(responder=lambda fake, sent: fake.time_out(sent))
+async def test_kernel_timeout_status_raises_sa_timeout_at_once(fake_umad: MakeUmad) -> None:
+    umad = fake_umad(responder=lambda fake, sent: fake.time_out(sent))
     agent = await open_agent(umad)
     start = trio.current_time()
     with pytest.raises(SaTimeout, match="ETIMEDOUT"):
@@ -124,8 +145,10 @@ async def test_kernel_timeout_status_raises_sa_timeout_at_once() -> None:
 
 
 @pytest.mark.trio
-async def test_no_answer_at_all_times_out_after_all_attempts_plus_grace() -> None:
-    umad = FakeUmad()
+async def test_no_answer_at_all_times_out_after_all_attempts_plus_grace(
+    fake_umad: MakeUmad,
+) -> None:
+    umad = fake_umad()
     agent = await open_agent(umad, grace_ms=20)
     start = trio.current_time()
     with pytest.raises(SaTimeout, match="no SA reply for TID 0x0000000a in 80 ms"):
@@ -137,8 +160,8 @@ async def test_no_answer_at_all_times_out_after_all_attempts_plus_grace() -> Non
 
 
 @pytest.mark.trio
-async def test_other_umad_status_is_a_send_error() -> None:
-    umad = FakeUmad(responder=lambda fake, sent: fake.deliver(sent.mad, status=errno.EIO))
+async def test_other_umad_status_is_a_send_error(fake_umad: MakeUmad) -> None:
+    umad = fake_umad(responder=lambda fake, sent: fake.deliver(sent.mad, status=errno.EIO))
     agent = await open_agent(umad)
     with pytest.raises(SaSendError, match="umad status EIO"):
         await agent.request(path_get(11, 1), DEST, timeout_ms=500, retries=0)
@@ -146,8 +169,8 @@ async def test_other_umad_status_is_a_send_error() -> None:
 
 
 @pytest.mark.trio
-async def test_send_failure_and_bad_requests_raise_send_error() -> None:
-    umad = FakeUmad(fail_send=True)
+async def test_send_failure_and_bad_requests_raise_send_error(fake_umad: MakeUmad) -> None:
+    umad = fake_umad(fail_send=True)
     agent = await open_agent(umad)
     with pytest.raises(SaSendError, match="umad_send failed"):
         await agent.request(path_get(12, 1), DEST, timeout_ms=500, retries=0)
@@ -160,8 +183,8 @@ async def test_send_failure_and_bad_requests_raise_send_error() -> None:
 
 
 @pytest.mark.trio
-async def test_a_tid_cannot_be_outstanding_twice() -> None:
-    umad = FakeUmad()
+async def test_a_tid_cannot_be_outstanding_twice(fake_umad: MakeUmad) -> None:
+    umad = fake_umad()
     agent = await open_agent(umad)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(
@@ -176,12 +199,14 @@ async def test_a_tid_cannot_be_outstanding_twice() -> None:
 
 
 @pytest.mark.trio
-async def test_short_replies_from_the_simulator_are_padded_to_a_full_mad() -> None:
+async def test_short_replies_from_the_simulator_are_padded_to_a_full_mad(
+    fake_umad: MakeUmad,
+) -> None:
     def short(fake: FakeUmad, sent: SentMad) -> None:
         request = SaMad.decode(sent.mad)
         fake.deliver(build_sa_response(request, 0x0300, bytes(64))[:120])
 
-    agent = await open_agent(FakeUmad(responder=short))
+    agent = await open_agent(fake_umad(responder=short))
     reply = await agent.request(path_get(15, 99), DEST, timeout_ms=500, retries=0)
     assert len(reply) == 256
     assert SaMad.decode(reply).sa_status == 3  # "no records"
@@ -189,7 +214,7 @@ async def test_short_replies_from_the_simulator_are_padded_to_a_full_mad() -> No
 
 
 @pytest.mark.trio
-async def test_rmpp_segments_are_acknowledged_and_reassembled() -> None:
+async def test_rmpp_segments_are_acknowledged_and_reassembled(fake_umad: MakeUmad) -> None:
     paths = [PathRecord(dlid=lid, slid=1, pkey=0xFFFF).encode() for lid in range(2, 12)]
 
     def table(fake: FakeUmad, sent: SentMad) -> None:
@@ -199,7 +224,7 @@ async def test_rmpp_segments_are_acknowledged_and_reassembled() -> None:
         for segment in split_rmpp(whole):
             fake.deliver(segment)
 
-    umad = FakeUmad(responder=table)
+    umad = fake_umad(responder=table)
     agent = await open_agent(umad)
     request = build_path_get_table(0x99, PathRecord(slid=1), comp_mask=0x20)
     reply = SaMad.decode(await agent.request(request, DEST, timeout_ms=500, retries=0))
@@ -214,7 +239,7 @@ async def test_rmpp_segments_are_acknowledged_and_reassembled() -> None:
 
 
 @pytest.mark.trio
-async def test_a_bad_rmpp_sequence_fails_the_request_clearly() -> None:
+async def test_a_bad_rmpp_sequence_fails_the_request_clearly(fake_umad: MakeUmad) -> None:
     def out_of_order(fake: FakeUmad, sent: SentMad) -> None:
         if SaMad.decode(sent.mad).mad.method != Method.GET_TABLE:
             return
@@ -222,7 +247,7 @@ async def test_a_bad_rmpp_sequence_fails_the_request_clearly() -> None:
         _first, second, *_ = split_rmpp(whole)
         fake.deliver(second)
 
-    agent = await open_agent(FakeUmad(responder=out_of_order))
+    agent = await open_agent(fake_umad(responder=out_of_order))
     request = build_path_get_table(0x9A, PathRecord(slid=1), comp_mask=0x20)
     with pytest.raises(SaSendError, match=r"bad RMPP reply.*segment 2 arrived, expected 1"):
         await agent.request(request, DEST, timeout_ms=500, retries=0)
@@ -230,8 +255,8 @@ async def test_a_bad_rmpp_sequence_fails_the_request_clearly() -> None:
 
 
 @pytest.mark.trio
-async def test_cancelled_request_does_not_lose_another_requests_reply() -> None:
-    umad = FakeUmad()
+async def test_cancelled_request_does_not_lose_another_requests_reply(fake_umad: MakeUmad) -> None:
+    umad = fake_umad()
     agent = await open_agent(umad)
     got: list[int] = []
 
@@ -251,8 +276,10 @@ async def test_cancelled_request_does_not_lose_another_requests_reply() -> None:
 
 
 @pytest.mark.trio
-async def test_close_fails_waiters_and_later_requests_and_releases_the_port() -> None:
-    umad = FakeUmad()
+async def test_close_fails_waiters_and_later_requests_and_releases_the_port(
+    fake_umad: MakeUmad,
+) -> None:
+    umad = fake_umad()
     agent = await open_agent(umad)
     failures: list[str] = []
 
@@ -271,3 +298,23 @@ async def test_close_fails_waiters_and_later_requests_and_releases_the_port() ->
     assert umad.closed == [1024] and umad.unregistered == [(1024, 7)]
     with pytest.raises(SaSendError, match="closed"):
         await agent.request(path_get(31, 1), DEST, timeout_ms=500, retries=0)
+
+
+@pytest.mark.trio
+async def test_a_polled_port_is_read_only_when_a_packet_is_queued() -> None:
+    umad = FakeUmad(pollable=True)
+    agent = await open_agent(umad)
+    replies: list[bytes] = []
+
+    async def ask() -> None:
+        replies.append(await agent.request(path_get(1, 5), DEST, timeout_ms=2000, retries=0))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        await trio.sleep(0.2)
+        assert umad.recv_calls == 0  # nothing queued: no read, and no worker thread blocked
+        answer_with_dlid(umad, umad.sent[0])
+    assert umad.recv_calls == 1
+    assert PathRecord.decode(SaMad.decode(replies[0]).data[:64]).dlid == 5
+    await agent.aclose()
+    umad.release()
