@@ -43,7 +43,7 @@ from ibacm.acmp.routes import address_query
 
 if TYPE_CHECKING:
     from ibacm.fabric.api import AddressVector
-    from ibacm.wire.path_record import PathRecord
+    from ibacm.wire.path_record import AimablePath, PathRecord
 
 ADDRESS_LEN = 64
 
@@ -229,7 +229,7 @@ class DestEntry:
         self.key = key
         self.state = EntryState.INIT
         self._path: PathRecord | None = None
-        self.group_route: PathRecord | None = None
+        self.group_route: AimablePath | None = None
         """route_prot acm: the record of the group the route comes from. The route itself
         (``path``) is that record aimed at the peer, made when asked for: a job start of
         N nodes holds N-1 such routes per daemon, and a PathRecord each was a third of an
@@ -283,6 +283,16 @@ class DestEntry:
     def path(self, path: PathRecord | None) -> None:
         self._path = path
         self.group_route = None
+
+    def packed_path(self) -> bytes | None:
+        """``path``'s 64 bytes; a group route's without building the record (cache hits)."""
+        path = self._path
+        if path is not None:
+            return path.encode()
+        group = self.group_route
+        if group is None:
+            return None
+        return group.packed_aimed_at(self.route_gid(), self.peer_lid)
 
     def route_gid(self) -> bytes:
         """The DGID a route to this peer has: the query's, else the learned GID."""

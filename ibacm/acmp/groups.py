@@ -31,7 +31,7 @@ from ibacm.wire.mad import (
     SaMad,
     build_mc_join,
 )
-from ibacm.wire.path_record import PathRecord
+from ibacm.wire.path_record import AimablePath, PathRecord
 
 if TYPE_CHECKING:
     from ibacm.config.options import Options
@@ -81,7 +81,18 @@ class JoinError(Exception):
 class McGroup:
     """One group of an endpoint and, once joined, what the SA granted."""
 
-    __slots__ = ("attempts", "av", "index", "last_error", "mgid", "mlid", "path", "spec", "state")
+    __slots__ = (
+        "attempts",
+        "av",
+        "index",
+        "last_error",
+        "mgid",
+        "mlid",
+        "path",
+        "route",
+        "spec",
+        "state",
+    )
 
     def __init__(self, index: int, spec: GroupSpec, pkey: int) -> None:
         self.index = index
@@ -93,6 +104,8 @@ class McGroup:
         """Multicast address vector (DLID = MLID, DGID = MGID)."""
         self.path: PathRecord | None = None
         """The group path record (route_prot acm builds peer paths from it)."""
+        self.route: AimablePath | None = None
+        """``path`` packed once: what entries routed through the group aim at their peer."""
         self.attempts = 0
         self.last_error = ""
 
@@ -106,12 +119,14 @@ class McGroup:
         self.mlid = 0
         self.av = None
         self.path = None
+        self.route = None
 
     def apply(self, granted: McMemberRecord, sgid_index: int, port_lid: int) -> None:
         """Record a successful join (mad-protocol.md §4.3)."""
         self.mlid = granted.mlid
         self.av = group_av(granted, sgid_index)
         self.path = group_path(granted, port_lid)
+        self.route = AimablePath.of(self.path)
         self.state = GroupState.JOINED
         self.last_error = ""
 

@@ -258,7 +258,7 @@ class AcmpProvider(Provider):
             status, found = await resolver.resolve_address(request.source, dest, nodelay)
         return ResolveResult(_status(status), (found,) if found is not None else ())
 
-    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> PathRecord | None:
+    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> bytes | None:
         """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
         if dest_type in _PORT_TYPES:
             return None  # our own port by GID/LID is answered by ``resolve``

@@ -50,7 +50,7 @@ from ibacm.log import get_logger
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus, EpAddr
-from ibacm.wire.path_record import PathRecord
+from ibacm.wire.path_record import AimablePath, PathRecord
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpEndpoint
@@ -125,9 +125,9 @@ class Resolver:
             op = self._start(entry, source)
         return await self._park(op, nodelay)
 
-    def cached(self, dest_type: int, dest: bytes) -> PathRecord | None:
-        """The route to (``dest_type``, ``dest``) when the cache has it READY now (no
-        waiting, no counting unless found): what ``resolve_address`` would answer at once."""
+    def cached(self, dest_type: int, dest: bytes) -> bytes | None:
+        """The route to (``dest_type``, ``dest``), packed, when the cache has it READY now
+        (no waiting, no counting unless found): what ``resolve_address`` would answer at once."""
         ep = self.ep
         if not ep.ready:
             return None
@@ -148,7 +148,7 @@ class Resolver:
                     return None
         ep.counters.cache_hit()
         entry.hits += 1
-        return entry.path
+        return entry.packed_path()
 
     async def resolve_path(
         self, request: PathRecord, nodelay: bool
@@ -324,7 +324,7 @@ class Resolver:
         """route_prot acm: make the entry READY from the group both sides share (§12.1)."""
         group = self.ep.joined.get(entry.mgid)
         dest = entry.route_dest()
-        if group is None or group.path is None or dest is None:
+        if group is None or group.path is None or group.route is None or dest is None:
             return False
         if entry.learned_from is None and entry.av is None:
             return False  # no address vector to the peer either (a hosts-file entry)
@@ -332,7 +332,7 @@ class Resolver:
             # Not the GID the entry's route is aimed at on demand: keep a route of its own.
             self._make_ready(entry, path_from_group(group.path, dest[0], entry.peer_lid), now)
         else:
-            self._make_ready(entry, None, now, group_route=group.path)
+            self._make_ready(entry, None, now, group_route=group.route)
         return True
 
     def route_now(self, entry: DestEntry, now: float) -> bool:
@@ -385,7 +385,7 @@ class Resolver:
         now: float,
         *,
         keep_av: bool = True,
-        group_route: PathRecord | None = None,
+        group_route: AimablePath | None = None,
     ) -> None:
         """READY with ``path``, or (route_prot acm) with the group record ``group_route``
         aimed at the peer when asked for (``DestEntry.path``)."""

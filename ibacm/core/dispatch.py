@@ -249,10 +249,10 @@ class Dispatcher:
         provider = slot.owner.port.provider
         if provider is None:
             return None
-        path = provider.cached_route(slot.ctx, dest_type, dest)
-        if path is None:
+        packed = provider.cached_route(slot.ctx, dest_type, dest)
+        if packed is None:
             return None
-        return encode_one_path_reply(frame, path)
+        return encode_one_path_reply(frame, packed)
 
     # -- RESOLVE -------------------------------------------------------------------------------
     async def resolve(self, frame: bytes, client: str) -> bytes:

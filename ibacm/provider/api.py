@@ -240,9 +240,10 @@ class Provider(abc.ABC):
         """Address form or path form (entry 0 type PATH). Honour NODELAY on the DEST entry
         (path form: on entry 0): answer ENODATA at once on a miss and keep resolving."""
 
-    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> PathRecord | None:
+    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> bytes | None:
         """Optional fast path for an address-form RESOLVE from the source ``addr_ctx``: the
-        route to (``dest_type``, ``dest``) when it is at hand with no waiting (a cache hit),
+        route to (``dest_type``, ``dest``), its 64 PathRecord bytes as the reply carries them,
+        when it is at hand with no waiting (a cache hit),
         counted as the provider counts a hit; else None, and the core calls ``resolve``.
         When it returns None it must have counted and changed nothing that ``resolve``
         would not. A plain method: it runs for every RESOLVE and must not block."""

@@ -35,7 +35,7 @@ from ibacm.wire.errors import (
     check_min_length,
     check_uint,
 )
-from ibacm.wire.path_record import GID_LEN, PathRecord, gid_from_text, gid_to_text
+from ibacm.wire.path_record import GID_LEN, PATH_RECORD_LEN, PathRecord, gid_from_text, gid_to_text
 
 ACM_VERSION = 1
 HDR_LEN = 16
@@ -557,11 +557,13 @@ def decode_resolve_pair(frame: bytes) -> tuple[EpAddr, EpAddr] | None:
     return EpAddr(flags0, type0, info0, reserved0), EpAddr(flags1, type1, info1, reserved1)
 
 
-def encode_one_path_reply(request: bytes, path: PathRecord) -> bytes:
+def encode_one_path_reply(request: bytes, packed_path: bytes) -> bytes:
     """``encode_resolve_reply(AcmHdr.decode(request), SUCCESS, [path])`` from the request's
-    bytes: the tid is copied, not decoded and packed again (the cache-hit answer)."""
+    bytes and the path's 64 packed bytes: the tid is copied, not decoded and packed again
+    (the cache-hit answer)."""
     check_min_length("RESOLVE request", request, HDR_LEN)
-    return _ONE_PATH_HEAD + request[8:HDR_LEN] + _PATH_ENTRY_HEAD + path.encode()
+    check_exact_length("path", packed_path, PATH_RECORD_LEN)
+    return _ONE_PATH_HEAD + request[8:HDR_LEN] + _PATH_ENTRY_HEAD + packed_path
 
 
 def encode_query_sa_reply(request: AcmMessage, status: int, path: PathRecord | None) -> bytes:

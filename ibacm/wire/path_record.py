@@ -398,6 +398,33 @@ class PathRecord:
         return int(mask)
 
 
+@dataclass(frozen=True, slots=True)
+class AimablePath:
+    """A record packed once, for the many copies of it that differ only in destination (a
+    multicast group's record aimed at each peer learned through the group): ``aimed_at``
+    builds such a copy, ``packed_aimed_at`` gives its 64 bytes by putting DGID and DLID into
+    the packed ones (a cache-hit answer, with no record built and packed per answer).
+    ``record`` must not change once packed."""
+
+    record: PathRecord
+    packed: bytes
+
+    @classmethod
+    def of(cls, record: PathRecord) -> AimablePath:
+        return cls(record, record.encode())
+
+    def aimed_at(self, dgid: bytes, dlid: int) -> PathRecord:
+        return self.record.aimed_at(dgid, dlid)
+
+    def packed_aimed_at(self, dgid: bytes, dlid: int) -> bytes:
+        """``aimed_at(dgid, dlid).encode()``, spliced: DGID is bytes 8-23, DLID 40-41."""
+        if len(dgid) != GID_LEN or not 0 <= dlid <= 0xFFFF:
+            check_bytes("dgid", dgid, GID_LEN)  # each raises, naming what does not fit
+            check_uint("dlid", dlid, 16)
+        packed = self.packed
+        return b"".join((packed[:8], dgid, packed[24:40], dlid.to_bytes(2, "big"), packed[42:]))
+
+
 def _pack_selector(field: str, selector: int, value: int) -> int:
     return (check_uint(f"{field}_selector", selector, 2) << 6) | check_uint(field, value, 6)
 

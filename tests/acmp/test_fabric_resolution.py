@@ -381,9 +381,12 @@ async def test_a_route_from_the_group_is_aimed_at_the_peer_when_asked_for(
         entry = c.endpoint("node2").cache.get(key)
         assert entry is not None and entry.state is EntryState.READY
         group = c.endpoint("node2").joined[entry.mgid]
-        assert entry.group_route is group.path and entry._path is None
+        assert entry.group_route is group.route and entry._path is None
+        assert group.route is not None and group.route.record is group.path
         path = entry.path
         assert path is not None and path is not entry.path  # made when asked for, not kept
+        # A cache hit's answer is the same bytes, put together without building the record.
+        assert entry.packed_path() == path.encode()
         node1 = c.world.node("node1")
         assert (path.dgid, path.dlid) == (node1.gids[0], node1.lids[0])
         assert path.encode()[:8] == group.path.encode()[:8]  # the group's record otherwise

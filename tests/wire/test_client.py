@@ -267,7 +267,7 @@ def test_one_path_reply_from_request_bytes_is_the_general_reply(
 ) -> None:
     request = AcmMessage(hdr=hdr, entries=[EpAddr.from_name("a"), EpAddr.from_name("b")]).encode()
     expected = encode_resolve_reply(AcmHdr.decode(request), AcmStatus.SUCCESS, [path])
-    assert encode_one_path_reply(request, path) == expected
+    assert encode_one_path_reply(request, path.encode()) == expected
 
 
 def test_query_sa_reply_echoes_request() -> None:

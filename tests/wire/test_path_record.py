@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ibacm.wire.errors import FieldRangeError, OversizeError, TruncatedError
-from ibacm.wire.path_record import PathComp, PathRecord, gid_from_text, gid_to_text
+from ibacm.wire.path_record import (
+    AimablePath,
+    PathComp,
+    PathRecord,
+    gid_from_text,
+    gid_to_text,
+)
 from tests.wire.strategies import path_records
 
 PORT_GID = gid_from_text("fe80::2:c903:1:e3f1")
@@ -168,3 +174,26 @@ def test_decode_table_shares_equal_fields_and_checks_its_bounds() -> None:
         PathRecord.decode_table(bytes(64 * 3 - 1), 64, 3)
     with pytest.raises(FieldRangeError):
         PathRecord.decode_table(bytes(64), 32, 2)
+
+
+@given(
+    path=path_records,
+    dgid=st.binary(min_size=16, max_size=16),
+    dlid=st.integers(0, 0xFFFF),
+)
+def test_a_packed_aimed_copy_is_the_aimed_copy_packed(
+    path: PathRecord, dgid: bytes, dlid: int
+) -> None:
+    aimable = AimablePath.of(path)
+    assert aimable.packed_aimed_at(dgid, dlid) == path.aimed_at(dgid, dlid).encode()
+    assert aimable.aimed_at(dgid, dlid) == path.aimed_at(dgid, dlid)
+
+
+@pytest.mark.parametrize(
+    ("dgid", "dlid", "field"),
+    [(bytes(15), 1, "dgid"), (bytes(16), 0x10000, "dlid"), (bytes(16), -1, "dlid")],
+)
+def test_a_destination_that_does_not_fit_is_refused(dgid: bytes, dlid: int, field: str) -> None:
+    aimable = AimablePath.of(PathRecord(dlid=5))
+    with pytest.raises(FieldRangeError, match=field):
+        aimable.packed_aimed_at(dgid, dlid)
