@@ -230,10 +230,10 @@ class DestEntry:
         self.state = EntryState.INIT
         self._path: PathRecord | None = None
         self.group_route: AimablePath | None = None
-        """route_prot acm: the record of the group the route comes from. The route itself
-        (``path``) is that record aimed at the peer, made when asked for: a job start of
-        N nodes holds N-1 such routes per daemon, and a PathRecord each was a third of an
-        entry's memory."""
+        """route_prot acm: the record (packed once) of the group the route comes from. The
+        route itself (``path``) is that record aimed at the peer, made when asked for: a job
+        start of N nodes holds N-1 such routes per daemon, and a PathRecord each was a third
+        of an entry's memory."""
         self.query: PathRecord | None = None
         """Explicit template of the SA PathRecord query, when the address did not come
         through ACM (see ``route_query``)."""
