@@ -429,8 +429,7 @@ async def scale_point(
         "full": full_count,
         "config": config_name,
         "resolutions": full_count * (nodes_count - 1),
-        "succeeded": failures.get("ok", 0),
-        "failures": {k: v for k, v in failures.items() if k != "ok"},
+        **_outcomes(failures),
         "peer_requests": peer_requests,
         "peer_answers": pool.answered,
         "peer_requests_for_peers_unanswered": pool.unanswered,
@@ -532,6 +531,14 @@ def _check(reply: bytes, dlid: int, dgid: bytes) -> str:
     if path[8:24] != dgid:
         return "wrong DGID"
     return "ok"
+
+
+def _outcomes(failures: Counter[str]) -> dict[str, Any]:
+    """The resolutions that succeeded ("ok") and the others by what went wrong."""
+    return {
+        "succeeded": failures.get("ok", 0),
+        "failures": {k: v for k, v in failures.items() if k != "ok"},
+    }
 
 
 def _per_daemon(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -759,8 +766,7 @@ async def process_point(
         "processes": procs,
         "config": config_name,
         "resolutions": procs * (nodes_count - 1),
-        "succeeded": failures.get("ok", 0),
-        "failures": {k: v for k, v in failures.items() if k != "ok"},
+        **_outcomes(failures),
         "peer_requests": peer_requests,
         "burst_wall_s": round(burst_wall, 2),
         "per_daemon": _per_daemon(

@@ -147,8 +147,7 @@ class HwUdQp(UdQp):
             raise FabricError(f"send completion error: status {record.status}")
 
     async def receive(self) -> ReceivedMad:
-        await self._poller.wait_until(lambda: bool(self._received))
-        return self._received.popleft()
+        return (await self.receive_many(1))[0]
 
     async def receive_many(self, limit: int) -> list[ReceivedMad]:
         await self._poller.wait_until(lambda: bool(self._received))

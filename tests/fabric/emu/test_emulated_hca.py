@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -294,6 +295,21 @@ print(json.dumps({"count": count, "size": size, "agent": agent, "first": first,
 """
 
 
+def run_json(fabric: Fabric, python: str, code: str, *args: str) -> dict[str, Any]:
+    """Run ``code`` as a program on node1 (the preload in force); what it printed, as JSON."""
+    done = subprocess.run(
+        [python, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=fabric.env("node1"),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 OUR_SA_AGENT = """
 import json, trio
 from ibacm.fabric.api import SaDestination
@@ -323,16 +339,7 @@ trio.run(main)
 def test_our_sa_agent_polls_the_emulated_umad_port(fabric: Fabric) -> None:
     """The hw backend's SA agent under the preload: the port's fd is a socket it can poll
     (as a kernel umad device), so replies are read without a worker thread."""
-    done = subprocess.run(
-        [sys.executable, "-c", OUR_SA_AGENT],
-        capture_output=True,
-        text=True,
-        env=fabric.env("node1"),
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = run_json(fabric, sys.executable, OUR_SA_AGENT)
     assert result["polled"] is True
     assert (result["status"], result["method"]) == (0, 0x81)
     assert result["dlid"] == result["lid"]
@@ -342,16 +349,7 @@ def test_libibumad_sa_request_with_enospc_and_timeout(fabric: Fabric) -> None:
     """A SubnAdmGet through the real libibumad API: answered by the fabric's SA; a too-small
     buffer gets -ENOSPC with the length it needs and the answer stays queued; with the SA
     down the request comes back with status ETIMEDOUT after timeout x (retries + 1)."""
-    done = subprocess.run(
-        [SYSTEM_PYTHON, "-c", "import sys\n" + UMAD, "2"],
-        capture_output=True,
-        text=True,
-        env=fabric.env("node1"),
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = run_json(fabric, SYSTEM_PYTHON, "import sys\n" + UMAD, "2")
     assert result["count"] == 1 and result["size"] == 64
     assert result["first"] == -28 and result["needed"] == 256  # -ENOSPC
     assert result["got"] == result["agent"] and result["status"] == 0
@@ -359,17 +357,8 @@ def test_libibumad_sa_request_with_enospc_and_timeout(fabric: Fabric) -> None:
 
     fabric.hub({"op": "faults", "set": {"sa_down": "on"}})
     started = time.monotonic()
-    done = subprocess.run(
-        [SYSTEM_PYTHON, "-c", "import sys\n" + UMAD, "2"],
-        capture_output=True,
-        text=True,
-        env=fabric.env("node1"),
-        timeout=60,
-        check=False,
-    )
+    result = run_json(fabric, SYSTEM_PYTHON, "import sys\n" + UMAD, "2")
     took = time.monotonic() - started
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
     assert result["status"] == 110  # ETIMEDOUT: the request comes back, as the kernel does
     assert result["method"] == 0x01
     assert took >= 0.2  # 100 ms x (1 retry + 1)
