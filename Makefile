@@ -3,7 +3,7 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-native bench-storm bench-scale bench-startup soak fuzz fuzz-live
+.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-scale bench-startup soak fuzz fuzz-live
 
 test:
 	bash scripts/test.sh
@@ -26,10 +26,6 @@ bench-deps:
 
 bench-throughput: bench-deps
 	$(PYTHON) -m tests.bench.throughput
-
-# The cached-RESOLVE path compiled with mypyc against the daemon as shipped (same load).
-bench-native:
-	$(PYTHON) -m tests.bench.native_trial
 
 bench-storm: bench-deps
 	$(PYTHON) -m tests.bench.storm

@@ -37,3 +37,9 @@ fi
 if ! .venv/bin/python -c "from ibacm.cprov.provider import core_library; core_library()"; then
   echo "setup: libibacm_core could not be built; provider libraries cannot be loaded" >&2
 fi
+# The hot modules compiled with mypyc (ibacm/compiled): used when built for these sources,
+# else the modules as written run.
+if ! .venv/bin/python -m ibacm.compiled.build >/dev/null; then
+  echo "setup: the compiled variant could not be built; ibacm runs its modules as written" >&2
+fi
+

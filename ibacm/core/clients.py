@@ -29,6 +29,7 @@ costs nothing more.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import itertools
 import math
@@ -109,7 +110,7 @@ class ClientStats:
     """Connections closed: no request for ``client_idle_timeout`` seconds."""
 
     def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+        return dataclasses.asdict(self)  # not vars(): a compiled instance has no __dict__
 
 
 def peer_uid(sock: trio.socket.SocketType) -> int | None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+import ibacm
 from ibacm import __version__
 from ibacm.config.addr_file import AddrEntry, parse_addr_file
 from ibacm.config.address_literals import classify
@@ -255,7 +256,9 @@ class Daemon:
         return self.options.run_paths
 
     def _log_banner(self) -> None:
-        config_log.info(BANNER, version=__version__, pid=os.getpid())
+        config_log.info(
+            BANNER, version=__version__, pid=os.getpid(), modules=ibacm.variant.describe()
+        )
         for label, value in self.options.summary(
             self.opts_file or "(defaults)", self.addr_file.path
         ):
@@ -615,6 +618,7 @@ class Daemon:
         return {
             "daemon": {
                 "version": __version__,
+                "modules": ibacm.variant.describe(),
                 "pid": os.getpid(),
                 "node": self.fabric.hostname,
                 "started": self._started_wall,

@@ -181,6 +181,8 @@ def render_status(snapshot: dict[str, Any]) -> str:
         + (f" on {daemon['node']}" if daemon.get("node") else "")
         + f", up {_duration(daemon.get('uptime'))}, log_level {daemon.get('log_level', '?')}"
     ]
+    if daemon.get("modules"):
+        lines.append(f"modules: {daemon['modules']}")
     counters = snapshot.get("counters") or []
     if counters:
         lines.append(

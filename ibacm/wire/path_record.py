@@ -264,7 +264,9 @@ class PathRecord:
     def decode(cls, data: bytes) -> PathRecord:
         """Decode exactly 64 bytes (TruncatedError if shorter, OversizeError if longer)."""
         check_exact_length("PathRecord", data, PATH_RECORD_LEN)
-        return cls._from_fields(*_LAYOUT.unpack(data))
+        # Not ``_from_fields(*unpacked)``: compiled with mypyc, that call passed the tuple as
+        # the first argument (ibacm.compiled).
+        return cls.decode_table(data, PATH_RECORD_LEN, 1)[0]
 
     @classmethod
     def decode_table(cls, data: bytes, stride: int, count: int) -> list[PathRecord]:

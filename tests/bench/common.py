@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,54 @@ def machine_facts() -> dict[str, Any]:
         facts["trio"] = trio.__version__
     except ImportError:  # pragma: no cover - trio is a dependency
         pass
+    import ibacm
+
+    facts["ibacm_modules"] = ibacm.variant.describe()  # children inherit IBACM_COMPILED
     return facts
+
+
+VARIANTS = {"compiled": "1", "as_written": "0"}
+"""The two variants of ibacm's hot modules (``ibacm.compiled``) and their IBACM_COMPILED."""
+
+
+def parse_variants(text: str) -> list[str]:
+    """``--variants`` (comma-separated): those asked for; "compiled" only when built here."""
+    from ibacm.compiled import build_dir
+
+    wanted = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in wanted if name not in VARIANTS]
+    if unknown:
+        raise BenchError(f"unknown variant {unknown[0]!r}; known: {', '.join(VARIANTS)}")
+    if "compiled" in wanted and not (build_dir() / "manifest.json").is_file():
+        print("no compiled build here (python -m ibacm.compiled.build): as written only")
+        wanted = [name for name in wanted if name != "compiled"] or ["as_written"]
+    return wanted
+
+
+def variant_env(variant: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (``bench_env()`` by default) for a child that runs ``variant``."""
+    found = dict(bench_env() if env is None else env)
+    found["IBACM_COMPILED"] = VARIANTS[variant]
+    return found
+
+
+def time_batches(qp: Any, on_batch: Callable[[int, float], None]) -> None:
+    """Time an endpoint's receive loop through its QP (both variants: a compiled handler
+    cannot be wrapped): ``on_batch(MADs, process seconds)`` for each batch, from when
+    ``receive_many`` returned it to the loop's next call, which comes once the batch is
+    handled (the loop does not wait in between)."""
+    receive_many = qp.receive_many
+    taken: list[float | int] = []
+
+    async def timed(limit: int) -> Any:
+        if taken:
+            on_batch(int(taken[1]), time.process_time() - taken[0])
+            taken.clear()
+        batch = await receive_many(limit)
+        taken.extend((time.process_time(), len(batch)))
+        return batch
+
+    qp.receive_many = timed
 
 
 def _cpu_model() -> str:

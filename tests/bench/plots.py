@@ -71,7 +71,9 @@ def storm_plot(results: dict[str, Any], out: Path) -> Path | None:
     by_config: dict[str, list[dict[str, Any]]] = {}
     for point in results.get("points", []):
         if "skipped" not in point and "error" not in point:
-            by_config.setdefault(point["config"], []).append(point)
+            written = point.get("variant", "compiled") != "compiled"
+            label = point["config"] + (", modules as written" if written else "")
+            by_config.setdefault(label, []).append(point)
     figure, (wall_axis, sa_axis) = plt.subplots(1, 2, figsize=(10, 4))
     for config, points in sorted(by_config.items()):
         points.sort(key=lambda point: point["nodes"])

@@ -102,6 +102,7 @@ from tests.bench.common import (
     current_rss_mb,
     exit_on_sigterm,
     proc_rss_mb,
+    time_batches,
     verdict,
     write_results,
 )
@@ -154,24 +155,18 @@ class HandlerTime:
 
 
 def time_handler(node: CoreNode) -> HandlerTime:
-    """Count the CPU of every MAD the daemon's endpoint handles (its receive loop calls
-    ``protocol.handle``): the daemon's own share of a burst, without the simulated fabric's;
+    """Count the CPU of every MAD the daemon's endpoint handles (its receive loop's batches,
+    ``common.time_batches``): the daemon's own share of a burst, without the simulated fabric's;
     and the longest its receive queue grew (the fabric's ``deliver`` against the handler)."""
     timer = HandlerTime()
+
+    def handled(mads: int, seconds: float) -> None:
+        timer.queued -= mads
+        timer.cpu += seconds
+        timer.calls += mads
+
     for endpoint in node.endpoints():
-        protocol = endpoint.protocol
-        handle = protocol.handle
-
-        def timed(received: ReceivedMad, now: float | None = None, handle: Any = handle) -> None:
-            timer.queued -= 1
-            started = time.process_time()
-            try:
-                handle(received, now)
-            finally:
-                timer.cpu += time.process_time() - started
-                timer.calls += 1
-
-        protocol.handle = timed  # type: ignore[method-assign]
+        time_batches(endpoint.qp, handled)
         cache = endpoint.cache
         qp = endpoint.qp
         deliver = getattr(qp, "deliver", None)
@@ -227,8 +222,26 @@ def state_bytes(roots: Iterable[object], seen: set[int]) -> int:
         elif isinstance(obj, (list, tuple)):
             stack.extend(obj)
         elif isinstance(obj, _WALKED):
-            stack.extend(getattr(obj, name, None) for name in type(obj).__slots__)
+            stack.extend(attribute_values(obj))
     return total
+
+
+def attribute_values(obj: object) -> list[object]:
+    """What ``obj``'s attributes hold: its ``__dict__``, its ``__slots__``, or, compiled with
+    mypyc (a native class: neither), its type's attribute descriptors; there the ints and
+    floats are left out, held unboxed in the instance (``sys.getsizeof`` counts them)."""
+    if hasattr(obj, "__dict__"):
+        return list(vars(obj).values())
+    names = getattr(type(obj), "__slots__", None)
+    if names is not None:
+        return [getattr(obj, name, None) for name in names]
+    values = (
+        getattr(obj, name, None)
+        for klass in type(obj).__mro__
+        for name, found in vars(klass).items()
+        if type(found).__name__ == "getset_descriptor" and not name.startswith("__")
+    )
+    return [value for value in values if type(value) not in (int, float)]
 
 
 def daemon_state(node: CoreNode, seen: set[int]) -> int:
@@ -236,7 +249,7 @@ def daemon_state(node: CoreNode, seen: set[int]) -> int:
     buckets) and its bulk PathRecord tables (``bulk``, loaded at start-up)."""
     roots: list[object] = []
     for endpoint in node.endpoints():
-        roots += vars(endpoint.cache).values()
+        roots += attribute_values(endpoint.cache)
         roots += [endpoint.bulk_by_gid, endpoint.bulk_by_lid]
     return state_bytes(roots, seen)
 

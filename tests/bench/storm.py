@@ -60,6 +60,7 @@ import structlog
 import trio
 import trio.testing
 
+import ibacm
 from ibacm.config.options import Options, RouteProt
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
@@ -69,7 +70,10 @@ from tests.bench.common import (
     BenchError,
     current_rss_mb,
     exit_on_sigterm,
+    parse_variants,
     self_peak_rss_mb,
+    time_batches,
+    variant_env,
     verdict,
     write_results,
 )
@@ -229,9 +233,9 @@ async def storm_point(
                 target = (index + steps[index]) % nodes_count
                 frame = sources[index] + dests[target]
                 if daemon_cpu:
-                    started = time.perf_counter()
+                    started = time.process_time()
                     reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
-                    spent[0] += time.perf_counter() - started
+                    spent[0] += time.process_time() - started
                 else:
                     reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
                 if reply is None:
@@ -277,6 +281,7 @@ async def storm_point(
         "nodes": nodes_count,
         "config": config_name,
         "client_rtt_us": client_rtt * 1e6,
+        "modules": ibacm.variant.describe(),
         "gc": f"thresholds {GC_THRESHOLDS} from the start, frozen after start-up",
         "options": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in config.items()},
         "resolutions": resolutions,
@@ -305,17 +310,10 @@ async def storm_point(
 
 
 def _time_handler(endpoint: Any, spent: list[float]) -> None:
-    protocol = endpoint.protocol
-    handle = protocol.handle
+    def add(_mads: int, seconds: float) -> None:
+        spent[0] += seconds
 
-    def timed(received: Any, now: float | None = None) -> None:
-        started = time.perf_counter()
-        try:
-            handle(received, now)
-        finally:
-            spent[0] += time.perf_counter() - started
-
-    protocol.handle = timed
+    time_batches(endpoint.qp, add)
 
 
 def run_one(
@@ -335,31 +333,55 @@ def run_one(
 
 
 def run_child(
-    nodes_count: int, config_name: str, timeout: float, client_rtt_us: float
+    nodes_count: int, config_name: str, timeout: float, client_rtt_us: float, variant: str
 ) -> dict[str, Any]:
-    """One point in a fresh interpreter (its own peak RSS)."""
+    """One point in a fresh interpreter (its own peak RSS) running ``variant``."""
     command = [sys.executable, "-m", "tests.bench.storm", "--one", str(nodes_count), config_name]
     command += ["--client-rtt-us", str(client_rtt_us)]
     started = time.perf_counter()
+    point = {"nodes": nodes_count, "config": config_name, "variant": variant}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=variant_env(variant, dict(os.environ)),
+        )
     except subprocess.TimeoutExpired:
-        return {"nodes": nodes_count, "config": config_name, "error": f"timeout {timeout:g}s"}
+        return point | {"error": f"timeout {timeout:g}s"}
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        return {"nodes": nodes_count, "config": config_name, "error": tail}
+        return point | {"error": tail}
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["variant"] = variant
     figures["process_wall_s"] = round(time.perf_counter() - started, 1)
     return figures
 
 
 def run_rounds(
-    nodes_count: int, config_name: str, timeout: float, client_rtt_us: float, rounds: int
-) -> dict[str, Any]:
-    """The point ``rounds`` times, each in a fresh interpreter; the figures of the round with
-    the median storm wall time, with every round's wall times beside them (a 2-core VM's
-    speed drifts by a fifth from one minute to the next)."""
-    runs = [run_child(nodes_count, config_name, timeout, client_rtt_us) for _ in range(rounds)]
+    nodes_count: int,
+    config_name: str,
+    timeout: float,
+    client_rtt_us: float,
+    rounds: int,
+    variants: list[str],
+) -> list[dict[str, Any]]:
+    """The point ``rounds`` times per variant, each in a fresh interpreter, the variants
+    taking turns; per variant the figures of the round with the median storm wall time,
+    with every round's wall times beside them (a 2-core VM's speed drifts by a fifth from
+    one minute to the next)."""
+    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
+    for _ in range(rounds):
+        for variant in variants:
+            runs[variant].append(
+                run_child(nodes_count, config_name, timeout, client_rtt_us, variant)
+            )
+    return [_median_round(found) for found in runs.values()]
+
+
+def _median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
     failed = [figures for figures in runs if "error" in figures]
     if failed:
         return failed[0]
@@ -377,8 +399,9 @@ def print_point(figures: dict[str, Any]) -> None:
     if "error" in figures:
         print(f"N={figures['nodes']:5} {figures['config']:10} FAILED: {figures['error']}")
         return
+    variant = "" if figures.get("variant", "compiled") == "compiled" else " (as written)"
     print(
-        f"N={figures['nodes']:5} {figures['config']:10} ok {figures['succeeded']}/"
+        f"N={figures['nodes']:5} {figures['config'] + variant:10} ok {figures['succeeded']}/"
         f"{figures['resolutions']}  mcast {figures['multicast_requests']}  "
         f"ucast {figures['unicast_replies']}  SA PR {figures['sa_path_queries']} "
         f"(+startup {figures['sa_path_queries_incl_startup'] - figures['sa_path_queries']})  "
@@ -400,14 +423,16 @@ def targets(points: list[dict[str, Any]]) -> dict[str, str]:
             continue
         n = figures["nodes"]
         config = figures["config"]
+        if figures.get("variant", "compiled") != "compiled":
+            config += " (as written)"
         found[f"{config}: multicast requests <= 1.05N"] = verdict(
             figures["multicast_requests"] <= 1.05 * n
         )
-        limit = WALL_TARGETS_1024.get(config, 60.0)
+        limit = WALL_TARGETS_1024.get(figures["config"], 60.0)
         found[f"{config}: wall <= {limit:g} s"] = verdict(figures["wall_s"] <= limit)
         found[f"{config}: all resolved"] = verdict(figures["succeeded"] == figures["resolutions"])
-        if config == "bulk":
-            found["bulk: SA PathRecord queries <= N (incl. start-up GetTables)"] = verdict(
+        if figures["config"] == "bulk":
+            found[f"{config}: SA PathRecord queries <= N (incl. start-up GetTables)"] = verdict(
                 figures["sa_path_queries_incl_startup"] <= n
             )
     return found
@@ -484,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--client-rtt-us", type=float, default=CLIENT_RTT * 1e6, help="see CLIENT_RTT"
     )
+    parser.add_argument(
+        "--variants",
+        default="compiled,as_written",
+        help="ibacm's hot modules compiled and/or as written (ibacm.compiled); taking turns",
+    )
     args = parser.parse_args(argv)
     exit_on_sigterm()
     if args.one:
@@ -494,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = run_one(count, config, profile, args.client_rtt_us / 1e6, args.daemon_cpu)
         print(json.dumps(figures))
         return 0
+    variants = parse_variants(args.variants)
     points = []
     for count in (int(part) for part in args.nodes.split(",") if part.strip()):
         for config in (part.strip() for part in args.configs.split(",") if part.strip()):
@@ -507,9 +538,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"N={count:5} {config:10} skipped: {skipped}")
                 continue
             rounds = max(1, args.rounds) if config != "c_baseline" and count <= BASELINE_MAX else 1
-            figures = run_rounds(count, config, args.timeout, args.client_rtt_us, rounds)
-            print_point(figures)
-            points.append(figures)
+            # c_baseline models C's configuration: its cost is the SA's, run once.
+            run_variants = variants if config != "c_baseline" else variants[:1]
+            for figures in run_rounds(
+                count, config, args.timeout, args.client_rtt_us, rounds, run_variants
+            ):
+                print_point(figures)
+                points.append(figures)
     compare_c_real(points)
     found = targets(points)
     for target, outcome in found.items():

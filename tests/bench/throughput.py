@@ -13,7 +13,10 @@ All servers run side by side and are measured with the same closed-loop load gen
 * rdma-core's C ``ibacm`` (Debian's, unmodified) as a node of the same simulated fabric on the
   emulated HCA (``ibacm-sim up --c-ibacm``; needs root for its private /run), when it can run;
 * ours: a real ``ibacm`` (this venv's) on the simulated fabric (``ibacm-sim up``), the
-  destination resolved once first so every measured request is a cache hit (the same for C).
+  destination resolved once first so every measured request is a cache hit (the same for C):
+  ``ibacm`` with its hot modules compiled (``ibacm.compiled``; the variant set-up builds),
+  and ``ibacm_as_written`` on a second cluster with the modules as written (when there is
+  no compiled build, ``ibacm`` is that variant and runs alone).
 
 The request is what ``ib_acme -f n -s node1 -d node2`` sends (160 bytes, two NAME entries;
 the C node asks from node3); the answers are 88 bytes. Besides requests per second and latency
@@ -52,8 +55,10 @@ from tests.bench.common import (
     bench_env,
     exit_on_sigterm,
     gcc_build,
+    parse_variants,
     proc_rss_mb,
     ratio,
+    variant_env,
     verdict,
     write_results,
 )
@@ -212,12 +217,21 @@ def measure(
     requests = {"c_ibacm": resolve_request(C_NODE, "node2")}
     profile_out = RESULTS_DIR / "profiles" if profile else None
     results: dict[str, Any] = {}
+    variants = parse_variants("compiled,as_written")
     with contextlib.ExitStack() as stack:
         servers = {
             "c_responder": stack.enter_context(c_responder(responder, work)),
             "trio_floor": stack.enter_context(trio_floor(work)),
-            **stack.enter_context(sim_cluster(work, profile_out, with_c)),
+            **stack.enter_context(sim_cluster(work, profile_out, with_c, variant_env(variants[0]))),
         }
+        if len(variants) > 1:
+            # The modules as written, beside the compiled ones (ibacm.compiled), same load.
+            (work / "as_written").mkdir()
+            written = stack.enter_context(
+                sim_cluster(work / "as_written", None, False, variant_env("as_written"))
+            )
+            servers["ibacm_as_written"] = written["ibacm"]
+        results["ibacm_variant"] = variants[0]
         request_files = {}
         for name, (sock, _pid) in servers.items():
             request = requests.get(name, resolve_request())
@@ -228,7 +242,7 @@ def measure(
                 raise BenchError(f"{name} did not answer the RESOLVE: status {reply[2]}")
             results[f"{name}_reply_bytes"] = len(reply)
         runs = take_turns(loadgen, servers, request_files, clients, seconds, rounds)
-        for name in ("ibacm", "c_ibacm"):
+        for name in ("ibacm", "ibacm_as_written", "c_ibacm"):
             if name in servers:
                 results[f"{name}_rss_mb"] = proc_rss_mb(servers[name][1])
     for name, points in runs.items():
@@ -298,6 +312,12 @@ def summarize(results: dict[str, Any], clients: list[int]) -> dict[str, Any]:
             "trio_floor_throughput_ratio": ratio(python["rps"], floor["rps"]),
             "trio_floor_p50_factor": ratio(python["p50_us"], floor["p50_us"]),
         }
+        if "ibacm_as_written" in results:
+            written = results["ibacm_as_written"][str(count)]
+            point["compiled_vs_as_written_throughput_ratio"] = ratio(ours["rps"], written["rps"])
+            point["compiled_vs_as_written_cpu_per_request"] = ratio(
+                ours["server_cpu_us_per_request"] or 0, written["server_cpu_us_per_request"] or 0
+            )
         if "c_ibacm" in results:
             c_ibacm = results["c_ibacm"][str(count)]
             point["vs_c_ibacm_throughput_ratio"] = ratio(ours["rps"], c_ibacm["rps"])

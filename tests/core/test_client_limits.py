@@ -17,7 +17,9 @@ import pytest
 import trio
 
 from ibacm.core.clients import FD_RESERVE, ClientLimits, ClientServer, descriptor_budget
+from ibacm.core.dispatch import Dispatcher
 from ibacm.core.metrics import DaemonMetrics
+from ibacm.provider.api import Counters
 from ibacm.wire import admin as wire
 from ibacm.wire.client import encode_perf_request
 from tests.conftest import require_peer
@@ -181,7 +183,7 @@ def test_clients_stay_below_the_open_file_limit_with_a_reserve() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_RESERVE + 100, hard))
     try:
         assert descriptor_budget() == 100
-        server = ClientServer(None)  # type: ignore[arg-type]
+        server = ClientServer(Dispatcher([], Counters()))
         server.limits = ClientLimits(max_clients=16384)
         assert server.status()["capacity"] == 100
         server.limits = ClientLimits(max_clients=40)

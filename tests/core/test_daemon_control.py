@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 
+import ibacm
 from ibacm.config.options import ServerMode
 from ibacm.wire import admin as wire
 from ibacm.wire.client import AddrType
@@ -59,6 +60,7 @@ async def test_snapshot(tmp_path: Path) -> None:
         snap = reply.result
         assert snap["daemon"]["node"] == "node1"
         assert snap["daemon"]["providers"] == ["testprov"]
+        assert snap["daemon"]["modules"] == ibacm.variant.describe()  # compiled or as written
         assert snap["options"]["server_mode"] == "unix"
         assert snap["counters"] == [0] * 7
         [port] = snap["ports"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import ibacm
 from tests.conftest import ibacm_sim
 
 ADMIN = [sys.executable, "-m", "ibacm.tools.admin_cli"]
@@ -70,6 +71,8 @@ def test_status_summarises_the_daemon(sim: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("ibacm ") and " on node1," in lines[0]
+    # The daemon runs the variant this test process runs (it inherits IBACM_COMPILED).
+    assert f"modules: {ibacm.variant.describe()}" in lines
     assert any(line.startswith("counters: error 0, resolve ") for line in lines)
     assert any(line.startswith("endpoint mlx5_0/1/0xffff: ready") for line in lines)
     assert "node1" in done.stdout and "10.0.0.1/16" in done.stdout

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ibacm.compiled import is_compiled
+from ibacm.wire import path_record
 from ibacm.wire.errors import FieldRangeError, OversizeError, TruncatedError
 from ibacm.wire.path_record import (
     AimablePath,
@@ -167,7 +169,9 @@ def test_decode_table_shares_equal_fields_and_checks_its_bounds() -> None:
     ]
     table = PathRecord.decode_table(b"".join(p.encode() for p in paths), 64, 3)
     assert table == paths
-    assert table[0].sgid is table[2].sgid and table[0].pkey is table[2].pkey
+    assert table[0].sgid is table[2].sgid
+    if not is_compiled(path_record):
+        assert table[0].pkey is table[2].pkey  # compiled, a record holds its ints unboxed
     assert table[0].reserved is table[1].reserved
     assert PathRecord.decode_table(b"", 64, 0) == []
     with pytest.raises(TruncatedError):

@@ -1,0 +1,147 @@
+"""Which variant of the hot modules runs: as written, or compiled with mypyc.
+
+    python -m ibacm.compiled.build [--force]     # build the compiled variant of these sources
+    python -m ibacm.compiled.build --status      # say which variant a process would run
+
+``MODULES`` are the modules every resolution and every cached RESOLVE runs through. At
+set-up they are compiled with mypyc (the compiler that comes with mypy, the ``compiled``
+extra) into the library cache directory (``cbuild.cache_dir()``), in a directory named after
+a hash of their sources and of the interpreter's extension ABI: a build of other sources, or
+for another interpreter, is never found, so an edited module never runs stale.
+
+``IBACM_COMPILED`` chooses, once per process, when ``ibacm`` is first imported:
+
+* ``auto`` (the default): the compiled modules when a build of these sources exists, else the
+  modules as written (no compiler at set-up, or a source changed since);
+* ``0``: the modules as written;
+* ``1``: the compiled modules; without a build, importing ``ibacm`` fails and says how to
+  build one.
+
+The compiled modules are loaded by a finder put first on ``sys.meta_path``; every other
+module, and the sources themselves, stay as they are. Both variants behave the same (the
+test command runs the suite on each); the source stays the readable reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import sysconfig
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.abc import MetaPathFinder
+from pathlib import Path
+from types import ModuleType
+
+from ibacm.cbuild import cache_dir
+
+MODULES = (
+    "ibacm.wire.client",
+    "ibacm.wire.acm_mad",
+    "ibacm.wire.path_record",
+    "ibacm.core.clients",
+    "ibacm.core.dispatch",
+    "ibacm.acmp.cache",
+    "ibacm.acmp.counters",
+    "ibacm.acmp.protocol",
+    "ibacm.acmp.resolution",
+)
+"""Compiled together (one mypyc group): the client protocol, the dispatcher, and the
+provider's cache, MAD handler and resolutions."""
+GROUP = "ibacm_compiled"
+"""mypyc's group name: the shared library is the top-level module ``GROUP + "__mypyc"``."""
+ENV = "IBACM_COMPILED"
+MODES = ("auto", "0", "1")
+MANIFEST = "manifest.json"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What this process runs."""
+
+    compiled: bool
+    reason: str
+    build: Path | None = None
+
+    def describe(self) -> str:
+        if self.compiled:
+            return f"compiled ({len(MODULES)} modules, mypyc)"
+        return f"as written ({self.reason})"
+
+
+def source_path(module: str, package_dir: Path = PACKAGE_DIR) -> Path:
+    return package_dir.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def digest(package_dir: Path = PACKAGE_DIR) -> str:
+    """The build's name: the modules' names and sources and the extension ABI."""
+    hashed = hashlib.sha256(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
+    for module in MODULES:
+        hashed.update(module.encode() + b"\0")
+        hashed.update(source_path(module, package_dir).read_bytes())
+    return hashed.hexdigest()[:16]
+
+
+def build_dir(package_dir: Path = PACKAGE_DIR) -> Path:
+    return cache_dir() / f"compiled-{digest(package_dir)}"
+
+
+def extension_path(root: Path, name: str) -> Path:
+    return root.joinpath(*name.split(".")).with_name(
+        name.rsplit(".", 1)[-1] + str(sysconfig.get_config_var("EXT_SUFFIX"))
+    )
+
+
+class _CompiledFinder(MetaPathFinder):
+    """Serves the compiled modules, and their group's shared library, from one build."""
+
+    def __init__(self, root: Path) -> None:
+        self.paths = {name: extension_path(root, name) for name in (*MODULES, GROUP + "__mypyc")}
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        found = self.paths.get(fullname)
+        if found is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(found))
+        return importlib.util.spec_from_file_location(fullname, found, loader=loader)
+
+
+def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
+    """The variant ``environ`` asks for and this machine has (see the module docstring)."""
+    mode = environ.get(ENV, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ImportError(f"{ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "0":
+        return Variant(False, f"{ENV}=0")
+    try:
+        root = build_dir()
+    except OSError as exc:  # a source unreadable: nothing to compare a build with
+        if mode == "1":
+            raise ImportError(f"{ENV}=1: cannot read the sources to compile: {exc}") from exc
+        return Variant(False, f"sources unreadable: {exc}")
+    if not (root / MANIFEST).is_file():
+        why = "no compiled build of these sources; `python -m ibacm.compiled.build` makes one"
+        if mode == "1":
+            raise ImportError(f"{ENV}=1: {why}")
+        return Variant(False, why)
+    return Variant(True, "a build of these sources", root)
+
+
+def activate(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
+    """Choose the variant and, when compiled, put its finder first (once per process)."""
+    variant = choose(environ)
+    build = variant.build
+    if build is not None and not any(isinstance(f, _CompiledFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CompiledFinder(build))
+    return variant
+
+
+def is_compiled(module: ModuleType) -> bool:
+    """Whether ``module`` was loaded from the compiled build."""
+    return isinstance(getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader)

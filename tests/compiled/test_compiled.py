@@ -1,0 +1,90 @@
+"""The two variants of the hot modules: which one a process runs, and that a build is fresh."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ibacm import compiled
+from ibacm.compiled import ENV, MODULES, digest, source_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != ENV} | env
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, cwd=REPO
+    )
+
+
+def test_an_edited_module_is_a_build_of_other_sources(tmp_path: Path) -> None:
+    package = tmp_path / "ibacm"
+    for module in MODULES:
+        copy = source_path(module, package)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source_path(module), copy)
+    assert digest(package) == digest()
+    edited = source_path(MODULES[-1], package)
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    assert digest(package) != digest()
+
+
+def test_without_a_build_auto_runs_the_modules_as_written(tmp_path: Path) -> None:
+    done = _python(
+        "import ibacm, ibacm.acmp.cache as c; print(ibacm.variant.describe(), c.__file__)",
+        IBACM_LIB_DIR=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("as written (no compiled build of these sources")
+    assert done.stdout.strip().endswith("cache.py")
+
+
+def test_asking_for_a_missing_build_or_a_bad_mode_fails_and_says_why(tmp_path: Path) -> None:
+    missing = _python("import ibacm", IBACM_LIB_DIR=str(tmp_path), IBACM_COMPILED="1")
+    assert missing.returncode != 0
+    assert "IBACM_COMPILED=1: no compiled build" in missing.stderr
+    assert "python -m ibacm.compiled.build" in missing.stderr
+    bad = _python("import ibacm", IBACM_COMPILED="yes")
+    assert bad.returncode != 0 and "IBACM_COMPILED='yes': expected one of auto, 0, 1" in bad.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "ibacm.compiled.build", "--status"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"IBACM_LIB_DIR": str(tmp_path), ENV: "auto"},
+    )
+    assert status.returncode == 0 and status.stdout.startswith("as written")
+
+
+def test_0_runs_the_modules_as_written_even_with_a_build() -> None:
+    done = _python("import ibacm, ibacm.acmp.cache as c; print(c.__file__)", IBACM_COMPILED="0")
+    assert done.returncode == 0 and done.stdout.strip().endswith("cache.py")
+
+
+def test_a_build_of_these_sources_is_what_1_and_auto_load() -> None:
+    if not (compiled.build_dir() / compiled.MANIFEST).is_file():
+        message = "no compiled build here (scripts/setup.sh builds it with mypyc)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    code = (
+        "import importlib, ibacm\n"
+        "from ibacm.compiled import MODULES, is_compiled\n"
+        "print(ibacm.variant.describe())\n"
+        "print(all(is_compiled(importlib.import_module(m)) for m in MODULES))\n"
+        "import ibacm.core.daemon as d; print(is_compiled(d))\n"
+    )
+    for mode in ("1", "auto"):
+        done = _python(code, IBACM_COMPILED=mode)
+        assert done.returncode == 0, done.stderr
+        # Every listed module compiled; the rest (here the daemon) as written.
+        assert done.stdout.split("\n")[:3] == [
+            f"compiled ({len(MODULES)} modules, mypyc)",
+            "True",
+            "False",
+        ]
