@@ -26,6 +26,9 @@ from ibacm.compiled import (
     source_path,
 )
 
+KEEP_BUILDS = 3
+"""Builds kept in the cache: this one and the newest others (another checkout, a branch)."""
+
 
 class CompiledBuildError(RuntimeError):
     """The compiled variant cannot be built here; the message says why."""
@@ -68,7 +71,19 @@ def build(force: bool = False) -> Path:
         if target.exists():
             shutil.rmtree(target)  # --force: the old build goes
         os.replace(scratch / "lib", target)
+    prune(target)
     return target
+
+
+def prune(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
+    """Remove all but the ``keep`` newest builds beside ``current`` (``current`` stays): every
+    edit of a compiled module makes a build of its own, 3 MB each."""
+    others = [path for path in current.parent.glob("compiled-*") if path != current]
+    others.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    removed = others[max(keep - 1, 0) :]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ import pytest
 
 from ibacm import compiled
 from ibacm.compiled import ENV, MODULES, digest, source_path
+from ibacm.compiled.build import prune
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,19 @@ def test_an_edited_module_is_a_build_of_other_sources(tmp_path: Path) -> None:
     edited = source_path(MODULES[-1], package)
     edited.write_text(edited.read_text() + "\n# edited\n")
     assert digest(package) != digest()
+
+
+def test_a_new_build_keeps_only_the_newest_older_builds(tmp_path: Path) -> None:
+    for age, name in enumerate(["compiled-a", "compiled-b", "compiled-c", "compiled-d"]):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (1_000_000 + age, 1_000_000 + age))
+    (tmp_path / "libibacm_emu-x.so").write_bytes(b"")  # other libraries are not builds
+    current = tmp_path / "compiled-new"
+    current.mkdir()
+    removed = prune(current, keep=3)
+    assert sorted(p.name for p in removed) == ["compiled-a", "compiled-b"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["compiled-c", "compiled-d", "compiled-new", "libibacm_emu-x.so"]
 
 
 def test_without_a_build_auto_runs_the_modules_as_written(tmp_path: Path) -> None:
