@@ -145,21 +145,24 @@ class AcmpAddress:
         self.key = key
 
 
+_STATS = (
+    "bad_mads",
+    "credit_overdrafts",
+    "join_attempts",
+    "peer_moves",
+    "requests_received",
+    "responses_dropped",
+    "responses_received",
+    "responses_sent",
+    "send_errors",
+    "unmatched_responses",
+)
+
+
 class EndpointStats:
     """Things worth knowing that are not among the seven ACM counters."""
 
-    __slots__ = (
-        "bad_mads",
-        "credit_overdrafts",
-        "join_attempts",
-        "peer_moves",
-        "requests_received",
-        "responses_dropped",
-        "responses_received",
-        "responses_sent",
-        "send_errors",
-        "unmatched_responses",
-    )
+    __slots__ = _STATS
 
     def __init__(self) -> None:
         self.bad_mads = 0
@@ -176,7 +179,8 @@ class EndpointStats:
         """Peers seen at a new LID, whose other cached routes were dropped."""
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        # The names from the module: a compiled class has no ``__slots__`` to read.
+        return {name: getattr(self, name) for name in _STATS}
 
 
 class ResolveCredits:

@@ -48,9 +48,13 @@ MODULES = (
     "ibacm.acmp.counters",
     "ibacm.acmp.protocol",
     "ibacm.acmp.resolution",
+    "ibacm.acmp.endpoint",
+    "ibacm.acmp.groups",
+    "ibacm.log",
 )
-"""Compiled together (one mypyc group): the client protocol, the dispatcher, and the
-provider's cache, MAD handler and resolutions."""
+"""Compiled together (one mypyc group): the client protocol, the dispatcher, the provider's
+endpoint (its receive loop), cache, groups, MAD handler and resolutions, and the log gate
+they all ask."""
 GROUP = "ibacm_compiled"
 """mypyc's group name: the shared library is the top-level module ``GROUP + "__mypyc"``."""
 ENV = "IBACM_COMPILED"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -134,3 +136,30 @@ def test_filtered_records_never_reach_structlog(tmp_path: Path, control: LogCont
     except ValueError:
         log.exception("with the exception")
     assert seen == ["warning:written", "debug:now written", "exception:with the exception"]
+
+
+def test_the_daemon_does_not_load_rich_and_writes_plain_tracebacks(tmp_path: Path) -> None:
+    # structlog.dev would import rich (4.5 MB, 70 ms) for coloured tracebacks; the daemon
+    # renders JSON or plain lines, so ibacm imports structlog without it.
+    log_file = tmp_path / "console.log"
+    code = f"""
+import sys
+import ibacm.core.cli
+from ibacm.core.logging import LogControl, get_logger
+assert "rich" not in sys.modules, "the daemon's command loaded rich"
+control = LogControl()
+control.configure(destination={str(log_file)!r}, level=1, log_format="console")
+try:
+    1 / 0
+except ZeroDivisionError:
+    get_logger("ibacm.test").exception("it broke")
+control.close()
+import rich.console  # later imports (a provider, the dashboard) still get rich
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    text = log_file.read_text()
+    assert "it broke" in text
+    assert "Traceback (most recent call last)" in text and "ZeroDivisionError" in text
