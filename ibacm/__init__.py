@@ -6,7 +6,10 @@ from ibacm.compiled import activate as _activate
 
 __version__ = "0.1.0"
 
-variant = _activate()
+try:
+    variant = _activate()
+except ImportError as exc:  # a bad IBACM_COMPILED: every ibacm command says so and stops
+    raise SystemExit(f"ibacm: {exc}") from None
 """Which variant of the hot modules this process runs (see ``ibacm.compiled``)."""
 
 

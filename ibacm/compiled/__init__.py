@@ -131,8 +131,9 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
         return Variant(False, f"sources unreadable: {exc}")
     if not (root / MANIFEST).is_file():
         why = "no compiled build of these sources; `python -m ibacm.compiled.build` makes one"
-        if mode == "1":
-            raise ImportError(f"{ENV}=1: {why}")
+        if mode == "1":  # the command to build must itself run as written
+            command = f"`{ENV}=0 python -m ibacm.compiled.build`"
+            raise ImportError(f"{ENV}=1: no compiled build of these sources; {command} makes one")
         return Variant(False, why)
     return Variant(True, "a build of these sources", root)
 

@@ -63,9 +63,11 @@ def test_asking_for_a_missing_build_or_a_bad_mode_fails_and_says_why(tmp_path: P
     missing = _python("import ibacm", IBACM_LIB_DIR=str(tmp_path), IBACM_COMPILED="1")
     assert missing.returncode != 0
     assert "IBACM_COMPILED=1: no compiled build" in missing.stderr
-    assert "python -m ibacm.compiled.build" in missing.stderr
+    assert "`IBACM_COMPILED=0 python -m ibacm.compiled.build` makes one" in missing.stderr
     bad = _python("import ibacm", IBACM_COMPILED="yes")
     assert bad.returncode != 0 and "IBACM_COMPILED='yes': expected one of auto, 0, 1" in bad.stderr
+    for done in (missing, bad):  # one line, as every command of ours reports bad input
+        assert "Traceback" not in done.stderr and done.stderr.startswith("ibacm: ")
     status = subprocess.run(
         [sys.executable, "-m", "ibacm.compiled.build", "--status"],
         capture_output=True,
