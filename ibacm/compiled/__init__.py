@@ -135,7 +135,17 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
             command = f"`{ENV}=0 python -m ibacm.compiled.build`"
             raise ImportError(f"{ENV}=1: no compiled build of these sources; {command} makes one")
         return Variant(False, why)
+    lacking = [name for name in (*MODULES, GROUP + "__mypyc") if not _built(root, name)]
+    if lacking:  # a cache pruned by hand, a disk that filled up mid-copy
+        why = f"the build in {root} lacks {lacking[0]}; `python -m ibacm.compiled.build --force`"
+        if mode == "1":
+            raise ImportError(f"{ENV}=1: {why}")
+        return Variant(False, why)
     return Variant(True, "a build of these sources", root)
+
+
+def _built(root: Path, name: str) -> bool:
+    return extension_path(root, name).is_file()
 
 
 def activate(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:

@@ -77,6 +77,22 @@ def test_asking_for_a_missing_build_or_a_bad_mode_fails_and_says_why(tmp_path: P
     assert status.returncode == 0 and status.stdout.startswith("as written")
 
 
+def test_an_incomplete_build_is_not_loaded(tmp_path: Path) -> None:
+    if not (compiled.build_dir() / compiled.MANIFEST).is_file():
+        pytest.skip("no compiled build here (scripts/setup.sh builds it with mypyc)")
+    copy = tmp_path / compiled.build_dir().name
+    shutil.copytree(compiled.build_dir(), copy)
+    compiled.extension_path(copy, MODULES[0]).unlink()
+    code = (
+        "import ibacm, ibacm.wire.client as c; print(ibacm.variant.describe()); print(c.__file__)"
+    )
+    auto = _python(code, IBACM_LIB_DIR=str(tmp_path))
+    assert auto.returncode == 0, auto.stderr
+    assert f"lacks {MODULES[0]}" in auto.stdout and auto.stdout.strip().endswith("client.py")
+    forced = _python(code, IBACM_LIB_DIR=str(tmp_path), IBACM_COMPILED="1")
+    assert forced.returncode != 0 and f"lacks {MODULES[0]}" in forced.stderr
+
+
 def test_0_runs_the_modules_as_written_even_with_a_build() -> None:
     done = _python("import ibacm, ibacm.acmp.cache as c; print(c.__file__)", IBACM_COMPILED="0")
     assert done.returncode == 0 and done.stdout.strip().endswith("cache.py")
