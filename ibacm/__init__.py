@@ -6,11 +6,12 @@ from ibacm.compiled import activate as _activate
 
 __version__ = "0.1.0"
 
+# ``variant``: which variant of the hot modules this process runs (see ``ibacm.compiled``).
+# A bad IBACM_COMPILED stops every ibacm command with one line, not a traceback.
 try:
     variant = _activate()
-except ImportError as exc:  # a bad IBACM_COMPILED: every ibacm command says so and stops
+except ImportError as exc:
     raise SystemExit(f"ibacm: {exc}") from None
-"""Which variant of the hot modules this process runs (see ``ibacm.compiled``)."""
 
 
 def _import_structlog_without_rich() -> None:
