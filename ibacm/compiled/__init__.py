@@ -129,6 +129,15 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
         if mode == "1":
             raise ImportError(f"{ENV}=1: cannot read the sources to compile: {exc}") from exc
         return Variant(False, f"sources unreadable: {exc}")
+    try:
+        return _built_variant(mode, root)
+    except OSError as exc:  # e.g. a unit's ProtectHome=: the cache cannot be looked into
+        if mode == "1":
+            raise ImportError(f"{ENV}=1: cannot look into {root}: {exc}") from exc
+        return Variant(False, f"cannot look into the library cache: {exc}")
+
+
+def _built_variant(mode: str, root: Path) -> Variant:
     if not (root / MANIFEST).is_file():
         why = "no compiled build of these sources; `python -m ibacm.compiled.build` makes one"
         if mode == "1":  # the command to build must itself run as written

@@ -93,6 +93,41 @@ def test_an_incomplete_build_is_not_loaded(tmp_path: Path) -> None:
     assert forced.returncode != 0 and f"lacks {MODULES[0]}" in forced.stderr
 
 
+def test_a_cache_it_may_not_look_into_means_as_written(tmp_path: Path) -> None:
+    # As under the shipped unit: ProtectHome= hides the home's cache and the unit's bounding
+    # set has no CAP_DAC_OVERRIDE, so looking for a build fails with EACCES.
+    if shutil.which("capsh") is None or os.geteuid() != 0:
+        pytest.skip("needs root and capsh to drop CAP_DAC_OVERRIDE")
+    hidden = tmp_path / "hidden"
+    (hidden / "ibacm").mkdir(parents=True)
+    hidden.chmod(0)
+    code = "import ibacm; print(ibacm.variant.describe())"
+    drop = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c"]
+    environ = {k: v for k, v in os.environ.items() if k != ENV}
+    environ["IBACM_LIB_DIR"] = str(hidden / "ibacm")
+    try:
+        auto = subprocess.run(
+            [*drop, f"{sys.executable} -c '{code}'"],
+            capture_output=True,
+            text=True,
+            env=environ,
+            cwd=REPO,
+        )
+        forced = subprocess.run(
+            [*drop, f"{sys.executable} -c '{code}'"],
+            capture_output=True,
+            text=True,
+            env=environ | {ENV: "1"},
+            cwd=REPO,
+        )
+    finally:
+        hidden.chmod(0o755)
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout.startswith("as written (cannot look into the library cache")
+    assert forced.returncode != 0 and "IBACM_COMPILED=1: cannot look into" in forced.stderr
+    assert "Traceback" not in forced.stderr
+
+
 def test_0_runs_the_modules_as_written_even_with_a_build() -> None:
     done = _python("import ibacm, ibacm.acmp.cache as c; print(c.__file__)", IBACM_COMPILED="0")
     assert done.returncode == 0 and done.stdout.strip().endswith("cache.py")
