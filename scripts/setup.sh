@@ -42,4 +42,3 @@ fi
 if ! .venv/bin/python -m ibacm.compiled.build >/dev/null; then
   echo "setup: the compiled variant could not be built; ibacm runs its modules as written" >&2
 fi
-

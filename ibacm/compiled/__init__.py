@@ -57,6 +57,9 @@ endpoint (its receive loop), cache, groups, MAD handler and resolutions, and the
 they all ask."""
 GROUP = "ibacm_compiled"
 """mypyc's group name: the shared library is the top-level module ``GROUP + "__mypyc"``."""
+EXTENSIONS = (*MODULES, GROUP + "__mypyc")
+"""What a build holds: an extension per module and the group's shared library."""
+BUILD = "python -m ibacm.compiled.build"
 ENV = "IBACM_COMPILED"
 MODES = ("auto", "0", "1")
 MANIFEST = "manifest.json"
@@ -104,7 +107,7 @@ class _CompiledFinder(MetaPathFinder):
     """Serves the compiled modules, and their group's shared library, from one build."""
 
     def __init__(self, root: Path) -> None:
-        self.paths = {name: extension_path(root, name) for name in (*MODULES, GROUP + "__mypyc")}
+        self.paths = {name: extension_path(root, name) for name in EXTENSIONS}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -126,35 +129,30 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
     try:
         root = build_dir()
     except OSError as exc:  # a source unreadable: nothing to compare a build with
-        if mode == "1":
-            raise ImportError(f"{ENV}=1: cannot read the sources to compile: {exc}") from exc
-        return Variant(False, f"sources unreadable: {exc}")
+        return _unbuilt(mode, f"cannot read the sources to compile: {exc}")
     try:
-        return _built_variant(mode, root)
+        if not (root / MANIFEST).is_file():
+            # The command to build must itself run as written.
+            build = f"{ENV}=0 {BUILD}" if mode == "1" else BUILD
+            return _unbuilt(mode, f"no compiled build of these sources; `{build}` makes one")
+        lacking = missing_extensions(root)
     except OSError as exc:  # e.g. a unit's ProtectHome=: the cache cannot be looked into
-        if mode == "1":
-            raise ImportError(f"{ENV}=1: cannot look into {root}: {exc}") from exc
-        return Variant(False, f"cannot look into the library cache: {exc}")
-
-
-def _built_variant(mode: str, root: Path) -> Variant:
-    if not (root / MANIFEST).is_file():
-        why = "no compiled build of these sources; `python -m ibacm.compiled.build` makes one"
-        if mode == "1":  # the command to build must itself run as written
-            command = f"`{ENV}=0 python -m ibacm.compiled.build`"
-            raise ImportError(f"{ENV}=1: no compiled build of these sources; {command} makes one")
-        return Variant(False, why)
-    lacking = [name for name in (*MODULES, GROUP + "__mypyc") if not _built(root, name)]
+        return _unbuilt(mode, f"cannot look into the library cache {root}: {exc}")
     if lacking:  # a cache pruned by hand, a disk that filled up mid-copy
-        why = f"the build in {root} lacks {lacking[0]}; `python -m ibacm.compiled.build --force`"
-        if mode == "1":
-            raise ImportError(f"{ENV}=1: {why}")
-        return Variant(False, why)
+        return _unbuilt(mode, f"the build in {root} lacks {lacking[0]}; `{BUILD} --force`")
     return Variant(True, "a build of these sources", root)
 
 
-def _built(root: Path, name: str) -> bool:
-    return extension_path(root, name).is_file()
+def _unbuilt(mode: str, why: str) -> Variant:
+    """No build to run: the modules as written, or (``1``) an ImportError saying why."""
+    if mode == "1":
+        raise ImportError(f"{ENV}=1: {why}")
+    return Variant(False, why)
+
+
+def missing_extensions(root: Path) -> list[str]:
+    """The extensions of ``EXTENSIONS`` that the build in ``root`` lacks."""
+    return [name for name in EXTENSIONS if not extension_path(root, name).is_file()]
 
 
 def activate(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:

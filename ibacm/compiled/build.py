@@ -22,7 +22,7 @@ from ibacm.compiled import (
     build_dir,
     choose,
     digest,
-    extension_path,
+    missing_extensions,
     source_path,
 )
 
@@ -63,7 +63,7 @@ def build(force: bool = False) -> Path:
             command.run()
         except (Exception, SystemExit) as exc:  # mypyc reports type errors by exiting
             raise CompiledBuildError(f"mypyc could not compile {', '.join(paths)}: {exc}") from exc
-        missing = [name for name in MODULES if not extension_path(scratch / "lib", name).exists()]
+        missing = missing_extensions(scratch / "lib")
         if missing:
             raise CompiledBuildError(f"the build made no extension for {', '.join(missing)}")
         manifest = {"modules": list(MODULES), "group": GROUP, "digest": digest()}

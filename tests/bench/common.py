@@ -67,16 +67,22 @@ VARIANTS = {"compiled": "1", "as_written": "0"}
 
 def parse_variants(text: str) -> list[str]:
     """``--variants`` (comma-separated): those asked for; "compiled" only when built here."""
-    from ibacm.compiled import build_dir
+    from ibacm.compiled import ENV, choose
 
     wanted = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [name for name in wanted if name not in VARIANTS]
     if unknown:
         raise BenchError(f"unknown variant {unknown[0]!r}; known: {', '.join(VARIANTS)}")
-    if "compiled" in wanted and not (build_dir() / "manifest.json").is_file():
-        print("no compiled build here (python -m ibacm.compiled.build): as written only")
+    built = choose({ENV: "auto"})
+    if "compiled" in wanted and not built.compiled:
+        print(f"no compiled variant ({built.reason}): as written only")
         wanted = [name for name in wanted if name != "compiled"] or ["as_written"]
     return wanted
+
+
+def as_written(figures: dict[str, Any]) -> bool:
+    """Whether a benchmark point ran the modules as written (``variant_env``)."""
+    return figures.get("variant", "compiled") != "compiled"
 
 
 def variant_env(variant: str, env: dict[str, str] | None = None) -> dict[str, str]:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import REPO_ROOT, RESULTS_DIR
+from tests.bench.common import REPO_ROOT, RESULTS_DIR, as_written
 
 DOCS_IMG = REPO_ROOT / "docs" / "img"
 LABELS = {
@@ -71,8 +71,7 @@ def storm_plot(results: dict[str, Any], out: Path) -> Path | None:
     by_config: dict[str, list[dict[str, Any]]] = {}
     for point in results.get("points", []):
         if "skipped" not in point and "error" not in point:
-            written = point.get("variant", "compiled") != "compiled"
-            label = point["config"] + (", modules as written" if written else "")
+            label = point["config"] + (", modules as written" if as_written(point) else "")
             by_config.setdefault(label, []).append(point)
     figure, (wall_axis, sa_axis) = plt.subplots(1, 2, figsize=(10, 4))
     for config, points in sorted(by_config.items()):

@@ -68,6 +68,7 @@ from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
 from tests.bench import plots, storm_cluster
 from tests.bench.common import (
     BenchError,
+    as_written,
     current_rss_mb,
     exit_on_sigterm,
     parse_variants,
@@ -399,7 +400,7 @@ def print_point(figures: dict[str, Any]) -> None:
     if "error" in figures:
         print(f"N={figures['nodes']:5} {figures['config']:10} FAILED: {figures['error']}")
         return
-    variant = "" if figures.get("variant", "compiled") == "compiled" else " (as written)"
+    variant = " (as written)" if as_written(figures) else ""
     print(
         f"N={figures['nodes']:5} {figures['config'] + variant:10} ok {figures['succeeded']}/"
         f"{figures['resolutions']}  mcast {figures['multicast_requests']}  "
@@ -423,7 +424,7 @@ def targets(points: list[dict[str, Any]]) -> dict[str, str]:
             continue
         n = figures["nodes"]
         config = figures["config"]
-        if figures.get("variant", "compiled") != "compiled":
+        if as_written(figures):
             config += " (as written)"
         found[f"{config}: multicast requests <= 1.05N"] = verdict(
             figures["multicast_requests"] <= 1.05 * n
