@@ -203,8 +203,8 @@ def dist_files(dist: metadata.Distribution) -> list[tuple[Path, PurePosixPath]]:
             continue
         if posix.name.endswith(NATIVE_SUFFIXES):
             raise BundleError(
-                f"{name} contains compiled code ({posix}); the package is architecture "
-                "independent and can bundle pure-Python distributions only"
+                f"{name} contains compiled code ({posix}); the package bundles "
+                "pure-Python distributions only"
             )
         installed = Path(str(dist.locate_file(rel)))
         if not installed.is_file():

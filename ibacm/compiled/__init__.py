@@ -7,7 +7,9 @@
 set-up they are compiled with mypyc (the compiler that comes with mypy, the ``compiled``
 extra) into the library cache directory (``cbuild.cache_dir()``), in a directory named after
 a hash of their sources and of the interpreter's extension ABI: a build of other sources, or
-for another interpreter, is never found, so an edited module never runs stale.
+for another interpreter, is never found, so an edited module never runs stale. A package
+ships its build beside the modules instead (``build --ship``, into ``builds/`` here), where
+a daemon confined away from home directories finds it; that place is looked at first.
 
 ``IBACM_COMPILED`` chooses, once per process, when ``ibacm`` is first imported:
 
@@ -93,8 +95,18 @@ def digest(package_dir: Path = PACKAGE_DIR) -> str:
     return hashed.hexdigest()[:16]
 
 
+def build_name(package_dir: Path = PACKAGE_DIR) -> str:
+    return f"compiled-{digest(package_dir)}"
+
+
 def build_dir(package_dir: Path = PACKAGE_DIR) -> Path:
-    return cache_dir() / f"compiled-{digest(package_dir)}"
+    """Where ``build`` puts (and finds) the build of these sources: the library cache."""
+    return cache_dir() / build_name(package_dir)
+
+
+def shipped_dir(package_dir: Path = PACKAGE_DIR) -> Path:
+    """Where a package ships its build of the sources in ``package_dir``, beside them."""
+    return package_dir / "compiled" / "builds" / build_name(package_dir)
 
 
 def extension_path(root: Path, name: str) -> Path:
@@ -127,9 +139,10 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
     if mode == "0":
         return Variant(False, f"{ENV}=0")
     try:
-        root = build_dir()
+        shipped, cached = shipped_dir(), build_dir()
     except OSError as exc:  # a source unreadable: nothing to compare a build with
         return _unbuilt(mode, f"cannot read the sources to compile: {exc}")
+    root = shipped if _has_manifest(shipped) else cached
     try:
         if not (root / MANIFEST).is_file():
             # The command to build must itself run as written.
@@ -139,7 +152,10 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
     except OSError as exc:  # e.g. a unit's ProtectHome=: the cache cannot be looked into
         return _unbuilt(mode, f"cannot look into the library cache {root}: {exc}")
     if lacking:  # a cache pruned by hand, a disk that filled up mid-copy
-        return _unbuilt(mode, f"the build in {root} lacks {lacking[0]}; `{BUILD} --force`")
+        fix = "reinstall the package" if root == shipped else f"`{BUILD} --force`"
+        return _unbuilt(mode, f"the build in {root} lacks {lacking[0]}; {fix}")
+    if root == shipped:
+        return Variant(True, "the build shipped beside the modules", root)
     return Variant(True, "a build of these sources", root)
 
 
@@ -148,6 +164,14 @@ def _unbuilt(mode: str, why: str) -> Variant:
     if mode == "1":
         raise ImportError(f"{ENV}=1: {why}")
     return Variant(False, why)
+
+
+def _has_manifest(root: Path) -> bool:
+    """Whether a build is shipped in ``root``; none there is no error (the cache is next)."""
+    try:
+        return (root / MANIFEST).is_file()
+    except OSError:
+        return False
 
 
 def missing_extensions(root: Path) -> list[str]:

@@ -2,6 +2,10 @@
 
 python -m ibacm.compiled.build [--force]     # build it unless built for these sources
 python -m ibacm.compiled.build --status      # only say which variant a process runs
+python -m ibacm.compiled.build --ship DIR    # and copy it beside a copy of the package in DIR
+
+``--ship`` is for packages: DIR is the ``ibacm`` directory of a staged installation (e.g.
+``debian/ibacm-trio/usr/lib/ibacm/ibacm``), which must hold the same sources.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ibacm.compiled import (
     choose,
     digest,
     missing_extensions,
+    shipped_dir,
     source_path,
 )
 
@@ -75,6 +80,22 @@ def build(force: bool = False) -> Path:
     return target
 
 
+def ship(package_dir: Path, force: bool = False) -> Path:
+    """Build (unless built), then copy the build beside the modules in ``package_dir``."""
+    try:
+        theirs = digest(package_dir)
+    except OSError as exc:
+        raise CompiledBuildError(f"{package_dir} holds no copy of ibacm: {exc}") from exc
+    if theirs != digest():
+        raise CompiledBuildError(f"{package_dir} holds other sources than the ones compiled here")
+    built = build(force=force)
+    target = shipped_dir(package_dir)
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(built, target)
+    return target
+
+
 def prune(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
     """Remove all but the ``keep`` newest builds beside ``current`` (``current`` stays): every
     edit of a compiled module makes a build of its own, 3 MB each."""
@@ -93,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="build again even if built")
     parser.add_argument("--status", action="store_true", help="only say which variant runs")
+    parser.add_argument(
+        "--ship", type=Path, metavar="DIR", help="copy the build beside the package in DIR"
+    )
     args = parser.parse_args(argv)
     if args.status:
         try:
@@ -102,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     try:
-        print(build(force=args.force))
+        print(ship(args.ship, args.force) if args.ship else build(force=args.force))
     except (CompiledBuildError, OSError) as exc:
         print(f"ibacm.compiled.build: {exc}", file=sys.stderr)
         return 1

@@ -155,3 +155,58 @@ def test_a_build_of_these_sources_is_what_1_and_auto_load() -> None:
             "True",
             "False",
         ]
+
+
+def _require_build() -> None:
+    if not (compiled.build_dir() / compiled.MANIFEST).is_file():
+        message = "no compiled build here (scripts/setup.sh builds it with mypyc)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def test_a_package_runs_the_build_shipped_beside_its_modules(tmp_path: Path) -> None:
+    # As the Debian package ships it: a copy of the modules with their build beside them,
+    # and a daemon whose library cache holds nothing (ProtectHome=, another user).
+    _require_build()
+    lib = tmp_path / "lib"
+    package = lib / "ibacm"
+    shutil.copytree(REPO / "ibacm", package, ignore=shutil.ignore_patterns("__pycache__", "builds"))
+    ship = [sys.executable, "-m", "ibacm.compiled.build", "--ship", str(package)]
+    done = subprocess.run(ship, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    shipped = compiled.shipped_dir(package)
+    assert done.stdout.strip() == str(shipped)
+    code = (
+        "import ibacm, ibacm.acmp.cache as c\n"
+        "print(ibacm.variant.describe()); print(ibacm.variant.reason); print(c.__file__)\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != ENV}
+    environ["IBACM_LIB_DIR"] = str(tmp_path / "empty")
+
+    def run_copy(mode: str) -> subprocess.CompletedProcess[str]:
+        # cwd first on sys.path: the copy is imported, not this checkout.
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=lib,
+            env=environ | {ENV: mode},
+        )
+
+    for mode in ("1", "auto"):
+        found = run_copy(mode)
+        assert found.returncode == 0, found.stderr
+        assert found.stdout.split("\n")[:3] == [
+            f"compiled ({len(MODULES)} modules, mypyc)",
+            "the build shipped beside the modules",
+            str(compiled.extension_path(shipped, "ibacm.acmp.cache")),
+        ]
+    # An edited copy is other sources: its shipped build is never loaded, nor made from these.
+    edited = source_path(MODULES[-1], package)
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    stale = run_copy("auto")
+    assert stale.returncode == 0 and stale.stdout.startswith("as written (no compiled build")
+    refused = subprocess.run(ship, capture_output=True, text=True, cwd=REPO)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().endswith("holds other sources than the ones compiled here")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ibacm import compiled
 from ibacm.config.opts_template import render_opts_file
 from tests.conftest import REPO, require_peer
 
@@ -19,6 +20,10 @@ pytestmark = pytest.mark.slow
 BUILD = REPO / "packaging" / "build-deb.sh"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
+ARCH = subprocess.run(
+    ["dpkg", "--print-architecture"], capture_output=True, text=True, check=False
+).stdout.strip()
+"""The package ships the hot modules compiled for this architecture (``ibacm.compiled``)."""
 
 
 def run(
@@ -44,8 +49,8 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     done = run("bash", BUILD, "-f", "-o", out)
     assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
-    debs = sorted(out.glob("ibacm-trio_*_all.deb"))
-    assert [d.name for d in debs] == [f"ibacm-trio_{VERSION}_all.deb"]
+    debs = sorted(out.glob("ibacm-trio_*.deb"))
+    assert [d.name for d in debs] == [f"ibacm-trio_{VERSION}_{ARCH}.deb"]
     return debs[0]
 
 
@@ -110,15 +115,20 @@ def test_package_lists_console_scripts_units_man_pages_and_config(files: dict[st
         assert path in files, path
     # Debian policy: no byte code in packages (postinst compiles it).
     assert not [p for p in files if p.endswith(".pyc") or "__pycache__" in p]
+    # The compiled variant of the hot modules, beside them, built for these very sources.
+    shipped = Path("/usr/lib/ibacm") / compiled.shipped_dir(REPO / "ibacm").relative_to(REPO)
+    for name in compiled.EXTENSIONS:
+        assert str(compiled.extension_path(shipped, name)) in files, name
 
 
 def test_control_fields(deb: Path) -> None:
     fields = control(deb, "control")
     assert re.search(r"^Package: ibacm-trio$", fields, re.MULTILINE)
     assert re.search(rf"^Version: {re.escape(VERSION)}$", fields, re.MULTILINE)
-    assert re.search(r"^Architecture: all$", fields, re.MULTILINE)
+    assert re.search(rf"^Architecture: {ARCH}$", fields, re.MULTILINE)
     depends = re.search(r"^Depends: (.*)$", fields, re.MULTILINE)
     assert depends is not None and "python3 (>= 3.11)" in depends.group(1)
+    assert "libc6" in depends.group(1)  # the compiled modules' (dh_shlibdeps)
     # It replaces Debian's C ibacm, which installs the same paths.
     for relation in ("Conflicts", "Replaces", "Provides"):
         assert re.search(rf"^{relation}: ibacm$", fields, re.MULTILINE), relation
@@ -204,7 +214,9 @@ def test_unpacked_ibacm_sim_and_ibacm_admin_run_their_examples(
     require_peer("/usr/bin/python3")
     cluster = tmp_path / "sim"
     sim = unpacked / "usr" / "bin" / "ibacm-sim"
-    up = run(sim, "up", "--nodes", "2", "--dir", cluster, cwd="/")
+    # An empty library cache: the daemons can only find the build the package ships.
+    env = {**os.environ, "IBACM_LIB_DIR": str(tmp_path / "no-cache"), "IBACM_COMPILED": "auto"}
+    up = run(sim, "up", "--nodes", "2", "--dir", cluster, cwd="/", env=env)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         socket_path = cluster / "node1" / "ibacm-unix.sock"
@@ -215,5 +227,7 @@ def test_unpacked_ibacm_sim_and_ibacm_admin_run_their_examples(
         status = run(admin, "--dir", cluster, "--node", "node1", "status", cwd="/")
         assert status.returncode == 0, status.stdout + status.stderr
         assert "endpoint mlx5_0/1/0xffff: ready" in status.stdout
+        # Debian's python3 runs the compiled modules the package ships.
+        assert f"modules: compiled ({len(compiled.MODULES)} modules, mypyc)" in status.stdout
     finally:
-        run(sim, "down", "--dir", cluster, cwd="/")
+        run(sim, "down", "--dir", cluster, cwd="/", env=env)
