@@ -82,7 +82,7 @@ def parse_variants(text: str) -> list[str]:
 
 def as_written(figures: dict[str, Any]) -> bool:
     """Whether a benchmark point ran the modules as written (``variant_env``)."""
-    return figures.get("variant", "compiled") != "compiled"
+    return bool(figures.get("variant", "compiled") != "compiled")
 
 
 def variant_env(variant: str, env: dict[str, str] | None = None) -> dict[str, str]:

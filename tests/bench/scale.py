@@ -890,11 +890,18 @@ def storm_agreement(points: list[dict[str, Any]], storm: list[dict[str, Any]]) -
             # Against the storm's bytes per entry (its RSS growth over N(N-1) entries in one
             # heap, each key shared by N caches): the K daemons' RSS growth the same way.
             sampled_bytes = point["memory"]["rss_growth_bytes_per_entry"]
+            warm = None
+            if "warm_clients_cpu_s_per_daemon" in full:  # see ``agree``
+                warm = (
+                    full["daemon_handler_cpu_s_per_daemon"] + full["warm_clients_cpu_s_per_daemon"]
+                )
             entry = {
                 "storm_cpu_measure": "daemon work" if measured else "wall / N",
                 "storm_cpu_s_per_daemon": round(storm_cpu, 4),
                 "sampled_cpu_s_per_daemon": sampled_cpu,
                 "cpu_ratio": round(sampled_cpu / storm_cpu, 3) if storm_cpu else None,
+                "storm_warm_cpu_s_per_daemon": round(warm, 4) if warm else None,
+                "warm_cpu_ratio": round(sampled_cpu / warm, 3) if warm else None,
                 "storm_bytes_per_entry": storm_bytes,
                 "sampled_bytes_per_entry": sampled_bytes,
                 "bytes_ratio": (
@@ -930,10 +937,17 @@ def agree(nodes: list[int], full_count: int, rounds: int, timeout: float) -> dic
     """At each N, ``rounds`` rounds of the full storm and the sampled job start (acm), one
     right after the other, each in a fresh process: the per-daemon CPU of both in every
     round, their medians and the ratio sampled / storm. Back to back because this VM's speed
-    drifts by 2x within minutes, more than the 20% to be shown."""
+    drifts by 2x within minutes, more than the 20% to be shown.
+
+    The storm's figure comes two ways: as timed inside the storm (every round steps through
+    all N daemons' objects in one heap of N^2 entries, so each client request finds its
+    daemon's objects out of the CPU's caches), and ``warm``: its MAD handlers as timed in the
+    storm plus the same daemons answering the same N - 1 cache hits again one daemon after
+    another, as on a node of its own (``storm --daemon-cpu``'s ``warm_clients``)."""
     found: dict[str, Any] = {}
     for n in nodes:
         storm_cpu: list[float] = []
+        warm_cpu: list[float] = []
         sampled_cpu: list[float] = []
         for round_number in range(1, rounds + 1):
             full = run_storm_child(n, timeout)
@@ -942,27 +956,41 @@ def agree(nodes: list[int], full_count: int, rounds: int, timeout: float) -> dic
                 if "error" in figures:
                     raise BenchError(f"N={n} round {round_number}: {figures['error']}")
             storm_cpu.append(full["daemon_cpu_s_per_daemon"])
+            warm_cpu.append(
+                full["daemon_handler_cpu_s_per_daemon"] + full["warm_clients_cpu_s_per_daemon"]
+            )
             sampled_cpu.append(sampled["per_daemon"]["cpu_s"]["median"])
             print(
                 f"N={n} round {round_number}: per daemon, full storm {storm_cpu[-1] * 1e3:.1f} ms"
-                f", sampled {sampled_cpu[-1] * 1e3:.1f} ms"
+                f" (clients {full['daemon_clients_cpu_s_per_daemon'] * 1e3:.1f} ms, the same"
+                f" warm {full['warm_clients_cpu_s_per_daemon'] * 1e3:.1f} ms; MADs"
+                f" {full['daemon_handler_cpu_s_per_daemon'] * 1e3:.1f} ms), warm"
+                f" {warm_cpu[-1] * 1e3:.1f} ms; sampled {sampled_cpu[-1] * 1e3:.1f} ms"
             )
         storm_median = statistics.median(storm_cpu)
+        warm_median = statistics.median(warm_cpu)
         sampled_median = statistics.median(sampled_cpu)
         ratio_value = sampled_median / storm_median
+        warm_ratio = sampled_median / warm_median
         found[str(n)] = {
             "rounds": rounds,
             "storm_cpu_s": storm_cpu,
+            "storm_warm_cpu_s": warm_cpu,
             "sampled_cpu_s": sampled_cpu,
             "storm_median_s": round(storm_median, 4),
+            "storm_warm_median_s": round(warm_median, 4),
             "sampled_median_s": round(sampled_median, 4),
             "ratio": round(ratio_value, 3),
-            "target": verdict(abs(ratio_value - 1) <= AGREE_BOUND),
+            "warm_ratio": round(warm_ratio, 3),
+            "target": verdict(abs(warm_ratio - 1) <= AGREE_BOUND),
+            "target_against_interleaved": verdict(abs(ratio_value - 1) <= AGREE_BOUND),
         }
         print(
-            f"N={n}: sampled / full storm = {ratio_value:.2f} (medians of {rounds} rounds: "
-            f"{sampled_median * 1e3:.1f} / {storm_median * 1e3:.1f} ms); within 20%: "
-            f"{found[str(n)]['target']}"
+            f"N={n}: sampled / full storm's daemons timed warm = {warm_ratio:.2f}, within 20%:"
+            f" {found[str(n)]['target']}; / as timed inside the storm = {ratio_value:.2f},"
+            f" within 20%: {found[str(n)]['target_against_interleaved']} (medians of {rounds}"
+            f" rounds: {sampled_median * 1e3:.1f} / {warm_median * 1e3:.1f} /"
+            f" {storm_median * 1e3:.1f} ms)"
         )
     return found
 
@@ -1008,7 +1036,7 @@ def targets(
             limit = 0 if config == "acm" else n
             found[f"N=40000 {config}: SA PathRecord queries <= {limit}"] = verdict(queries <= limit)
     for key, entry in agreement.items():
-        for what in ("cpu_ratio", "bytes_ratio"):
+        for what in ("warm_cpu_ratio", "cpu_ratio", "bytes_ratio"):
             value = entry.get(what)
             if value is not None:
                 found[f"{key}: sampled {what[:-6]} within 20% of the storm"] = verdict(
