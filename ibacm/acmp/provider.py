@@ -45,12 +45,11 @@ from ibacm.provider.api import (
     Provider,
     ResolveRequest,
     ResolveResult,
+    RouteLookup,
 )
 from ibacm.wire.client import AcmStatus, AddrType, EpFlag
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
-
-_PORT_TYPES = frozenset((int(AddrType.GID), int(AddrType.LID)))
 
 log = get_logger("ibacm.acmp")
 
@@ -260,9 +259,11 @@ class AcmpProvider(Provider):
 
     def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> bytes | None:
         """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
-        if dest_type in _PORT_TYPES:
-            return None  # our own port by GID/LID is answered by ``resolve``
         return _address(addr_ctx).endpoint.resolver.cached(dest_type, dest)
+
+    def route_lookup(self, addr_ctx: object) -> RouteLookup:
+        # The endpoint's resolver itself: no call of ours on the way of a cache hit.
+        return _address(addr_ctx).endpoint.resolver.cached
 
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
         endpoint = _address(addr_ctx).endpoint

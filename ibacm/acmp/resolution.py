@@ -49,13 +49,15 @@ from ibacm.fabric.api import MULTICAST_QPN, FabricError
 from ibacm.log import get_logger
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
-from ibacm.wire.client import AcmStatus, EpAddr
+from ibacm.wire.client import AcmStatus, AddrType, EpAddr
 from ibacm.wire.path_record import AimablePath, PathRecord
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpEndpoint
 
 log = get_logger("ibacm.acmp")
+_GID = int(AddrType.GID)
+_LID = int(AddrType.LID)
 
 WAIT_GRACE = 1.0
 """Seconds a parked request allows beyond the phase budgets before it gives up by itself
@@ -127,9 +129,11 @@ class Resolver:
 
     def cached(self, dest_type: int, dest: bytes) -> bytes | None:
         """The route to (``dest_type``, ``dest``), packed, when the cache has it READY now
-        (no waiting, no counting unless found): what ``resolve_address`` would answer at once."""
+        (no waiting, no counting unless found): what ``resolve_address`` would answer at once.
+        A GID or LID is never answered here: it may be our own port's, which the provider's
+        ``resolve`` answers."""
         ep = self.ep
-        if not ep.ready:
+        if not ep.ready or dest_type in (_GID, _LID):
             return None
         try:
             key = cache_key(dest_type, dest)

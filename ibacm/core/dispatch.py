@@ -34,6 +34,7 @@ from ibacm.core.model import (
     endpoint_by_index,
     find_address,
     find_path_source,
+    route_lookup,
 )
 from ibacm.core.srcaddr import (
     LocalIp,
@@ -218,7 +219,7 @@ class Dispatcher:
         """An admitted RESOLVE answered without waiting, or None (then ``resolve`` answers).
 
         Only the common case is taken here: address form with its SOURCE given, and the
-        provider has the route at hand (``Provider.cached_route``, a cache hit). Everything
+        provider has the route at hand (``Provider.route_lookup``, a cache hit). Everything
         else, errors included, is left to ``resolve`` untouched, so counters and replies are
         exactly what ``resolve`` gives.
         """
@@ -243,13 +244,10 @@ class Dispatcher:
     def _answer_now(
         self, frame: bytes, src_type: int, src: bytes, dest_type: int, dest: bytes
     ) -> bytes | None:
-        slot = find_address(self.devices, src_type, src)
-        if slot is None or self.max_paths < 1:
+        lookup = route_lookup(self.devices, src_type, src)
+        if lookup is None or self.max_paths < 1:
             return None
-        provider = slot.owner.port.provider
-        if provider is None:
-            return None
-        packed = provider.cached_route(slot.ctx, dest_type, dest)
+        packed = lookup(dest_type, dest)
         if packed is None:
             return None
         return encode_one_path_reply(frame, packed)

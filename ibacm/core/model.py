@@ -18,7 +18,14 @@ import trio
 from ibacm.config.address_literals import match_key
 from ibacm.core.sa import SaChannel
 from ibacm.fabric.api import Port, PortAttributes
-from ibacm.provider.api import CoreAddress, CoreDevice, CoreEndpoint, CorePort, Provider
+from ibacm.provider.api import (
+    CoreAddress,
+    CoreDevice,
+    CoreEndpoint,
+    CorePort,
+    Provider,
+    RouteLookup,
+)
 from ibacm.wire.client import AddrType, pad_address
 from ibacm.wire.path_record import ZERO_GID, PathRecord
 
@@ -197,25 +204,38 @@ class DeviceList(list[DeviceState]):
 
     Every RESOLVE looks its source address up: a walk of devices, ports, endpoints and slots
     touches a dozen objects per request (cold ones, in a daemon that idles between requests,
-    or in the storm's one heap of N daemons), the index one dict. It is rebuilt on first use
-    after ``changed()``, which whoever changes the lists (the topology) calls: ports up or
-    down, endpoints added or removed, addresses added or removed.
+    or in the storm's one heap of N daemons), the index one dict. Beside it, the provider's
+    route lookup of each address (``Provider.route_lookup``), so a cache hit goes from the
+    key straight to the provider's cache. Both are rebuilt on first use after ``changed()``,
+    which whoever changes the lists (the topology) calls: ports up or down, endpoints added
+    or removed, addresses added or removed.
     """
 
     def __init__(self, devices: Iterable[DeviceState] = ()) -> None:
         super().__init__(devices)
         self._index: dict[AddressKey, AddressSlot] | None = None
+        self._routes: dict[AddressKey, RouteLookup | None] = {}
 
     def changed(self) -> None:
         self._index = None
 
     def find(self, key: AddressKey) -> AddressSlot | None:
+        return self._built().get(key)
+
+    def route(self, key: AddressKey) -> RouteLookup | None:
+        """The route lookup of the source address ``key`` (None: none, or no fast path)."""
+        if self._index is None:
+            self._built()
+        return self._routes.get(key)
+
+    def _built(self) -> dict[AddressKey, AddressSlot]:
         index = self._index
         if index is None:
             index = self._index = {}
             for slot in _walk_slots(self):
                 index.setdefault(slot.key, slot)  # the first in order wins, as in the walk
-        return index.get(key)
+            self._routes = {key: _route_lookup(slot) for key, slot in index.items()}
+        return index
 
 
 def _walk_slots(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:
@@ -228,6 +248,22 @@ def _walk_slots(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:
                 for slot in endpoint.slots:
                     if slot is not None:
                         yield slot
+
+
+def _route_lookup(slot: AddressSlot) -> RouteLookup | None:
+    provider = slot.owner.port.provider
+    return None if provider is None else provider.route_lookup(slot.ctx)
+
+
+def route_lookup(devices: Sequence[DeviceState], addr_type: int, info: bytes) -> RouteLookup | None:
+    """The provider's route lookup for the local address (type, info), as ``find_address``
+    finds it; None when there is no such address or its provider has no fast path."""
+    if addr_type not in _LOCAL_TYPES:
+        return None
+    if isinstance(devices, DeviceList):
+        return devices.route(address_key(addr_type, info))
+    slot = find_address(devices, addr_type, info)
+    return None if slot is None else _route_lookup(slot)
 
 
 def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) -> AddressSlot | None:

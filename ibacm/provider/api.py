@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from ibacm.wire.path_record import PathRecord
 
 PROVIDER_API_VERSION = 1
+RouteLookup = Callable[[int, bytes], "bytes | None"]
+"""``Provider.cached_route`` bound to one source address (``Provider.route_lookup``)."""
 ENTRY_POINT_GROUP = "ibacm.providers"
 
 
@@ -248,6 +250,21 @@ class Provider(abc.ABC):
         When it returns None it must have counted and changed nothing that ``resolve``
         would not. A plain method: it runs for every RESOLVE and must not block."""
         return None
+
+    def route_lookup(self, addr_ctx: object) -> RouteLookup | None:
+        """``cached_route`` bound to the source ``addr_ctx``, or None when this provider has
+        no fast path. The core asks once per change of its address list (an address added
+        or removed, a port up or down) and calls the lookup for every RESOLVE from that
+        address: what it answers must be what ``cached_route(addr_ctx, ...)`` answers for as
+        long as the address exists. A provider may return something quicker than the default,
+        which calls ``cached_route``."""
+        if type(self).cached_route is Provider.cached_route:
+            return None
+
+        def lookup(dest_type: int, dest: bytes) -> bytes | None:
+            return self.cached_route(addr_ctx, dest_type, dest)
+
+        return lookup
 
     @abc.abstractmethod
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:

@@ -561,8 +561,9 @@ def encode_one_path_reply(request: bytes, packed_path: bytes) -> bytes:
     """``encode_resolve_reply(AcmHdr.decode(request), SUCCESS, [path])`` from the request's
     bytes and the path's 64 packed bytes: the tid is copied, not decoded and packed again
     (the cache-hit answer)."""
-    check_min_length("RESOLVE request", request, HDR_LEN)
-    check_exact_length("path", packed_path, PATH_RECORD_LEN)
+    if len(request) < HDR_LEN or len(packed_path) != PATH_RECORD_LEN:  # the checks' errors
+        check_min_length("RESOLVE request", request, HDR_LEN)
+        check_exact_length("path", packed_path, PATH_RECORD_LEN)
     return _ONE_PATH_HEAD + request[8:HDR_LEN] + _PATH_ENTRY_HEAD + packed_path
 
 

@@ -1,4 +1,4 @@
-"""The cache-hit fast path (``Dispatcher.resolve_now`` / ``Provider.cached_route`` and the
+"""The cache-hit fast path (``Dispatcher.resolve_now`` / ``Provider.route_lookup`` and the
 connection writing ready replies at once) is invisible to clients: the same bytes, the same
 counters, and replies still in request order when hits and misses are pipelined."""
 
@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from ibacm.acmp.provider import AcmpProvider
+from ibacm.provider.api import RouteLookup
 from ibacm.wire.client import (
     AcmHdr,
     AcmMessage,
@@ -19,7 +20,6 @@ from ibacm.wire.client import (
     encode_ep_request,
     encode_perf_request,
 )
-from ibacm.wire.path_record import PathRecord
 from tests.reliability.live import Client, live_cluster, resolve_frame
 
 
@@ -47,15 +47,21 @@ async def run_sequence(tmp_path: Path, *, fast: bool) -> tuple[list[bytes], list
         node = cluster["node1"]
         provider = node.daemon.providers.get("ibacmp")
         assert isinstance(provider, AcmpProvider)
-        real = provider.cached_route
+        real = provider.route_lookup
 
-        def counted(addr_ctx: object, dest_type: int, dest: bytes) -> PathRecord | None:
-            nonlocal hits
-            path = real(addr_ctx, dest_type, dest) if fast else None
-            hits += path is not None
-            return path
+        def counted_lookup(addr_ctx: object) -> RouteLookup:
+            lookup = real(addr_ctx)
 
-        provider.cached_route = counted  # type: ignore[method-assign]
+            def counted(dest_type: int, dest: bytes) -> bytes | None:
+                nonlocal hits
+                path = lookup(dest_type, dest) if fast else None
+                hits += path is not None
+                return path
+
+            return counted
+
+        provider.route_lookup = counted_lookup  # type: ignore[method-assign]
+        node.daemon.topology.devices.changed()  # the lookups are asked for again
         client = await Client.connect(node.socket_path)
         replies = []
         for _ in range(3):
