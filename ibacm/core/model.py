@@ -18,6 +18,7 @@ import trio
 from ibacm.config.address_literals import match_key
 from ibacm.core.sa import SaChannel
 from ibacm.fabric.api import Port, PortAttributes
+from ibacm.log import get_logger
 from ibacm.provider.api import (
     CoreAddress,
     CoreDevice,
@@ -28,6 +29,8 @@ from ibacm.provider.api import (
 )
 from ibacm.wire.client import AddrType, pad_address
 from ibacm.wire.path_record import ZERO_GID, PathRecord
+
+log = get_logger("ibacm.topology")
 
 PARTITION_MASK = 0x7FFF
 
@@ -231,10 +234,11 @@ class DeviceList(list[DeviceState]):
     def _built(self) -> dict[AddressKey, AddressSlot]:
         index = self._index
         if index is None:
-            index = self._index = {}
+            index = {}
             for slot in _walk_slots(self):
                 index.setdefault(slot.key, slot)  # the first in order wins, as in the walk
             self._routes = {key: _route_lookup(slot) for key, slot in index.items()}
+            self._index = index  # last: both tables are of the same lists
         return index
 
 
@@ -252,7 +256,14 @@ def _walk_slots(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:
 
 def _route_lookup(slot: AddressSlot) -> RouteLookup | None:
     provider = slot.owner.port.provider
-    return None if provider is None else provider.route_lookup(slot.ctx)
+    if provider is None:
+        return None
+    try:
+        return provider.route_lookup(slot.ctx)
+    except Exception:
+        # A provider's bug costs its requests the fast path (``resolve`` still answers them).
+        log.exception("provider route_lookup failed", address=slot.core.display)
+        return None
 
 
 def route_lookup(devices: Sequence[DeviceState], addr_type: int, info: bytes) -> RouteLookup | None:

@@ -7,11 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import structlog
 import trio
 
-from ibacm.core.model import EndpointState, find_address, iter_endpoints
+from ibacm.core.model import EndpointState, find_address, iter_endpoints, route_lookup
 from ibacm.fabric.api import PortEvent, PortEventType
 from ibacm.fabric.sim.topology import generate
+from ibacm.provider.api import RouteLookup
 from ibacm.wire.client import AddrType
 from tests.core.support import Core, make_options, sim_core
 
@@ -271,3 +273,44 @@ async def test_source_lookup_follows_every_change(tmp_path: Path) -> None:
             "node1": "mlx5_0/1/0xffff",
             "both": "mlx5_0/1/0xffff",
         }
+
+
+@pytest.mark.trio
+async def test_route_lookups_follow_the_index_and_a_failing_one_costs_the_fast_path_only(
+    tmp_path: Path,
+) -> None:
+    async with sim_core(tmp_path, addr_lines=["node1 mlx5_0 1 default"]) as core:
+        devices = core.topology.devices
+        asked: list[object] = []
+
+        def lookup_for(addr_ctx: object) -> RouteLookup:
+            asked.append(addr_ctx)
+            return lambda dest_type, dest: bytes(64)
+
+        core.provider.route_lookup = lookup_for  # type: ignore[method-assign]
+        devices.changed()
+        ip = ipaddress.ip_address("10.0.0.1").packed
+        found = route_lookup(devices, AddrType.IP, ip)
+        slot = find_address(devices, AddrType.IP, ip)
+        assert found is not None and slot is not None and found(AddrType.NAME, b"x") == bytes(64)
+        assert slot.ctx in asked
+        asked.clear()
+        # Asked once per change of the lists, not per request; an unknown source has none.
+        assert route_lookup(devices, AddrType.NAME, b"node1") is not None
+        assert route_lookup(devices, AddrType.NAME, b"nobody") is None
+        assert asked == []
+        core.world.remove_address("node1", "10.0.0.1")
+        await until(lambda: "10.0.0.1/16" not in displays(core)["mlx5_0/1/0xffff"])
+        assert route_lookup(devices, AddrType.IP, ip) is None
+        assert asked  # the index was rebuilt and asked again
+
+        def broken(addr_ctx: object) -> RouteLookup:
+            raise RuntimeError("provider bug")
+
+        core.provider.route_lookup = broken  # type: ignore[method-assign]
+        devices.changed()
+        with structlog.testing.capture_logs() as logs:
+            assert route_lookup(devices, AddrType.NAME, b"node1") is None
+        assert any(entry["event"] == "provider route_lookup failed" for entry in logs)
+        # The address itself is still found: its requests take the provider's resolve.
+        assert find_address(devices, AddrType.NAME, b"node1") is not None
