@@ -890,11 +890,7 @@ def storm_agreement(points: list[dict[str, Any]], storm: list[dict[str, Any]]) -
             # Against the storm's bytes per entry (its RSS growth over N(N-1) entries in one
             # heap, each key shared by N caches): the K daemons' RSS growth the same way.
             sampled_bytes = point["memory"]["rss_growth_bytes_per_entry"]
-            warm = None
-            if "warm_clients_cpu_s_per_daemon" in full:  # see ``agree``
-                warm = (
-                    full["daemon_handler_cpu_s_per_daemon"] + full["warm_clients_cpu_s_per_daemon"]
-                )
+            warm = storm_warm_cpu(full)
             entry = {
                 "storm_cpu_measure": "daemon work" if measured else "wall / N",
                 "storm_cpu_s_per_daemon": round(storm_cpu, 4),
@@ -910,6 +906,14 @@ def storm_agreement(points: list[dict[str, Any]], storm: list[dict[str, Any]]) -
             }
             found[f"{n} {point['config']}"] = entry
     return found
+
+
+def storm_warm_cpu(full: dict[str, Any]) -> float | None:
+    """The storm's per-daemon CPU with its clients' cache hits timed warm (see ``agree``);
+    None for a storm run without ``--daemon-cpu``."""
+    if "warm_clients_cpu_s_per_daemon" not in full:
+        return None
+    return float(full["daemon_handler_cpu_s_per_daemon"] + full["warm_clients_cpu_s_per_daemon"])
 
 
 AGREE_ROUNDS = 3
@@ -956,9 +960,10 @@ def agree(nodes: list[int], full_count: int, rounds: int, timeout: float) -> dic
                 if "error" in figures:
                     raise BenchError(f"N={n} round {round_number}: {figures['error']}")
             storm_cpu.append(full["daemon_cpu_s_per_daemon"])
-            warm_cpu.append(
-                full["daemon_handler_cpu_s_per_daemon"] + full["warm_clients_cpu_s_per_daemon"]
-            )
+            warm = storm_warm_cpu(full)
+            if warm is None:
+                raise BenchError(f"N={n} round {round_number}: the storm timed no warm pass")
+            warm_cpu.append(warm)
             sampled_cpu.append(sampled["per_daemon"]["cpu_s"]["median"])
             print(
                 f"N={n} round {round_number}: per daemon, full storm {storm_cpu[-1] * 1e3:.1f} ms"

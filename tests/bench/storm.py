@@ -163,10 +163,10 @@ async def storm_point(
     ``daemon_cpu`` also times the daemons' own work (every MAD handler call and every
     client request answered at once), so the storm gives a per-daemon figure that leaves
     out the simulated fabric and the harness, as ``scale.py`` measures it; the timers cost
-    about a second of wall at N = 1024. After the storm, each daemon then answers its N - 1
+    about a second of wall at N = 1024. After the storm each daemon answers its N - 1
     resolutions again, one daemon after another (``warm_clients``): the same cache hits with
-    that daemon's objects in the CPU's caches, as on a node of its own, where the storm
-    steps through all N daemons' objects in one heap of N^2 entries for every round."""
+    that daemon's objects in the CPU's caches, as on a node of its own. Inside the storm each
+    round steps through all N daemons' objects in one heap of N^2 entries."""
     # Every receiver gets the N-1 first requests in one burst: its receive queue holds them
     # all, as an operator sizes recv_depth to the fabric. With the default (1024, as C) a
     # job start of more than 1025 nodes drops part of the burst at every receiver, and each
