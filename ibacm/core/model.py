@@ -220,7 +220,9 @@ class DeviceList(list[DeviceState]):
         self._routes: dict[AddressKey, RouteLookup | None] = {}
 
     def changed(self) -> None:
+        # Dropped now, not at the next lookup: a closed endpoint's cache goes with it.
         self._index = None
+        self._routes = {}
 
     def find(self, key: AddressKey) -> AddressSlot | None:
         return self._built().get(key)

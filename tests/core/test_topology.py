@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -275,6 +276,10 @@ async def test_source_lookup_follows_every_change(tmp_path: Path) -> None:
         }
 
 
+class Held:
+    path = bytes(64)
+
+
 @pytest.mark.trio
 async def test_route_lookups_follow_the_index_and_a_failing_one_costs_the_fast_path_only(
     tmp_path: Path,
@@ -282,10 +287,13 @@ async def test_route_lookups_follow_the_index_and_a_failing_one_costs_the_fast_p
     async with sim_core(tmp_path, addr_lines=["node1 mlx5_0 1 default"]) as core:
         devices = core.topology.devices
         asked: list[object] = []
+        held: dict[int, weakref.ref[Held]] = {}
 
         def lookup_for(addr_ctx: object) -> RouteLookup:
             asked.append(addr_ctx)
-            return lambda dest_type, dest: bytes(64)
+            state = Held()  # what a provider's lookup keeps alive (its endpoint, its cache)
+            held[id(addr_ctx)] = weakref.ref(state)
+            return lambda dest_type, dest: state.path
 
         core.provider.route_lookup = lookup_for  # type: ignore[method-assign]
         devices.changed()
@@ -294,13 +302,16 @@ async def test_route_lookups_follow_the_index_and_a_failing_one_costs_the_fast_p
         slot = find_address(devices, AddrType.IP, ip)
         assert found is not None and slot is not None and found(AddrType.NAME, b"x") == bytes(64)
         assert slot.ctx in asked
+        del found
         asked.clear()
         # Asked once per change of the lists, not per request; an unknown source has none.
         assert route_lookup(devices, AddrType.NAME, b"node1") is not None
         assert route_lookup(devices, AddrType.NAME, b"nobody") is None
         assert asked == []
+        removed = held[id(slot.ctx)]
         core.world.remove_address("node1", "10.0.0.1")
         await until(lambda: "10.0.0.1/16" not in displays(core)["mlx5_0/1/0xffff"])
+        assert removed() is None  # let go at the change, not at the next request
         assert route_lookup(devices, AddrType.IP, ip) is None
         assert asked  # the index was rebuilt and asked again
 
