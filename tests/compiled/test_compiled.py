@@ -93,35 +93,34 @@ def test_an_incomplete_build_is_not_loaded(tmp_path: Path) -> None:
     assert forced.returncode != 0 and f"lacks {MODULES[0]}" in forced.stderr
 
 
-def test_a_cache_it_may_not_look_into_means_as_written(tmp_path: Path) -> None:
-    # As under the shipped unit: ProtectHome= hides the home's cache and the unit's bounding
-    # set has no CAP_DAC_OVERRIDE, so looking for a build fails with EACCES.
+def _confined(
+    hidden: Path, code: str, mode: str, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run as under the shipped unit: ProtectHome= hides the home's cache and the
+    unit's bounding set has no CAP_DAC_OVERRIDE, so looking into ``hidden`` fails (EACCES)."""
     if shutil.which("capsh") is None or os.geteuid() != 0:
         pytest.skip("needs root and capsh to drop CAP_DAC_OVERRIDE")
-    hidden = tmp_path / "hidden"
-    (hidden / "ibacm").mkdir(parents=True)
-    hidden.chmod(0)
-    code = "import ibacm; print(ibacm.variant.describe())"
     drop = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c"]
     environ = {k: v for k, v in os.environ.items() if k != ENV}
-    environ["IBACM_LIB_DIR"] = str(hidden / "ibacm")
+    environ |= {"IBACM_LIB_DIR": str(hidden / "ibacm"), ENV: mode}
+    (hidden / "ibacm").mkdir(parents=True, exist_ok=True)
+    hidden.chmod(0)
     try:
-        auto = subprocess.run(
+        return subprocess.run(
             [*drop, f"{sys.executable} -c '{code}'"],
             capture_output=True,
             text=True,
             env=environ,
-            cwd=REPO,
-        )
-        forced = subprocess.run(
-            [*drop, f"{sys.executable} -c '{code}'"],
-            capture_output=True,
-            text=True,
-            env=environ | {ENV: "1"},
-            cwd=REPO,
+            cwd=cwd,
         )
     finally:
         hidden.chmod(0o755)
+
+
+def test_a_cache_it_may_not_look_into_means_as_written(tmp_path: Path) -> None:
+    code = "import ibacm; print(ibacm.variant.describe())"
+    auto = _confined(tmp_path / "hidden", code, "auto")
+    forced = _confined(tmp_path / "hidden", code, "1")
     assert auto.returncode == 0, auto.stderr
     assert auto.stdout.startswith("as written (cannot look into the library cache")
     assert forced.returncode != 0 and "IBACM_COMPILED=1: cannot look into" in forced.stderr
@@ -134,11 +133,7 @@ def test_0_runs_the_modules_as_written_even_with_a_build() -> None:
 
 
 def test_a_build_of_these_sources_is_what_1_and_auto_load() -> None:
-    if not (compiled.build_dir() / compiled.MANIFEST).is_file():
-        message = "no compiled build here (scripts/setup.sh builds it with mypyc)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    _require_build()
     code = (
         "import importlib, ibacm\n"
         "from ibacm.compiled import MODULES, is_compiled\n"
@@ -210,3 +205,19 @@ def test_a_package_runs_the_build_shipped_beside_its_modules(tmp_path: Path) -> 
     refused = subprocess.run(ship, capture_output=True, text=True, cwd=REPO)
     assert refused.returncode == 1
     assert refused.stderr.strip().endswith("holds other sources than the ones compiled here")
+
+
+def test_a_confined_daemon_runs_the_build_its_package_ships(tmp_path: Path) -> None:
+    # The reason a package ships its build: under the unit the library cache is out of reach.
+    _require_build()
+    lib = tmp_path / "lib"
+    package = lib / "ibacm"
+    shutil.copytree(REPO / "ibacm", package, ignore=shutil.ignore_patterns("__pycache__", "builds"))
+    shutil.copytree(compiled.build_dir(), compiled.shipped_dir(package))
+    code = "import ibacm; print(ibacm.variant.describe()); print(ibacm.variant.reason)"
+    done = _confined(tmp_path / "hidden", code, "1", cwd=lib)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == [
+        f"compiled ({len(MODULES)} modules, mypyc)",
+        "the build shipped beside the modules",
+    ]
