@@ -259,7 +259,7 @@ class AcmpProvider(Provider):
 
     def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> bytes | None:
         """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
-        return _address(addr_ctx).endpoint.resolver.cached(dest_type, dest)
+        return self.route_lookup(addr_ctx)(dest_type, dest)
 
     def route_lookup(self, addr_ctx: object) -> RouteLookup:
         # The endpoint's resolver itself: no call of ours on the way of a cache hit.

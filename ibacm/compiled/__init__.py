@@ -104,9 +104,13 @@ def build_dir(package_dir: Path = PACKAGE_DIR) -> Path:
     return cache_dir() / build_name(package_dir)
 
 
+SHIPPED = Path("compiled", "builds")
+"""Where, inside the package, a package ships its build (``build --ship``)."""
+
+
 def shipped_dir(package_dir: Path = PACKAGE_DIR) -> Path:
     """Where a package ships its build of the sources in ``package_dir``, beside them."""
-    return package_dir / "compiled" / "builds" / build_name(package_dir)
+    return package_dir / SHIPPED / build_name(package_dir)
 
 
 def extension_path(root: Path, name: str) -> Path:
@@ -139,24 +143,28 @@ def choose(environ: dict[str, str] | os._Environ[str] = os.environ) -> Variant:
     if mode == "0":
         return Variant(False, f"{ENV}=0")
     try:
-        shipped, cached = shipped_dir(), build_dir()
+        name = build_name()  # hashes the sources: once per process
     except OSError as exc:  # a source unreadable: nothing to compare a build with
         return _unbuilt(mode, f"cannot read the sources to compile: {exc}")
-    root = shipped if _has_manifest(shipped) else cached
+    root = PACKAGE_DIR / SHIPPED / name
+    found, fix = "the build shipped beside the modules", "reinstall the package"
+    if not _has_manifest(root):
+        root = cache_dir() / name
+        found, fix = "a build of these sources", f"`{BUILD} --force`"
+        try:
+            if not (root / MANIFEST).is_file():
+                # The command to build must itself run as written.
+                build = f"{ENV}=0 {BUILD}" if mode == "1" else BUILD
+                return _unbuilt(mode, f"no compiled build of these sources; `{build}` makes one")
+        except OSError as exc:  # e.g. a unit's ProtectHome=: the cache cannot be looked into
+            return _unbuilt(mode, f"cannot look into the library cache {root}: {exc}")
     try:
-        if not (root / MANIFEST).is_file():
-            # The command to build must itself run as written.
-            build = f"{ENV}=0 {BUILD}" if mode == "1" else BUILD
-            return _unbuilt(mode, f"no compiled build of these sources; `{build}` makes one")
         lacking = missing_extensions(root)
-    except OSError as exc:  # e.g. a unit's ProtectHome=: the cache cannot be looked into
-        return _unbuilt(mode, f"cannot look into the library cache {root}: {exc}")
+    except OSError as exc:
+        return _unbuilt(mode, f"cannot look into {root}: {exc}")
     if lacking:  # a cache pruned by hand, a disk that filled up mid-copy
-        fix = "reinstall the package" if root == shipped else f"`{BUILD} --force`"
         return _unbuilt(mode, f"the build in {root} lacks {lacking[0]}; {fix}")
-    if root == shipped:
-        return Variant(True, "the build shipped beside the modules", root)
-    return Variant(True, "a build of these sources", root)
+    return Variant(True, found, root)
 
 
 def _unbuilt(mode: str, why: str) -> Variant:
