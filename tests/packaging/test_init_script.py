@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,18 +25,38 @@ def run_init(
     action: str, env: Mapping[str, str], *, as_nobody: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """Run the script with /bin/sh, the way init systems run it."""
-    command = ["/bin/sh", str(INIT), action]
-    if as_nobody and os.geteuid() == 0:
-        setpriv = require_peer("setpriv")
-        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
     base = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         # Never hand the action to systemctl, even on a systemd host.
         "SYSTEMCTL_SKIP_REDIRECT": "1",
     }
-    return subprocess.run(
-        command, capture_output=True, text=True, env={**base, **env}, timeout=120, check=False
-    )
+    with contextlib.ExitStack() as stack:
+        script = INIT
+        prefix: list[str] = []
+        if as_nobody and os.geteuid() == 0:
+            setpriv = require_peer("setpriv")
+            prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+            script = stack.enter_context(readable_copy(INIT))
+        return subprocess.run(
+            [*prefix, "/bin/sh", str(script), action],
+            capture_output=True,
+            text=True,
+            env={**base, **env},
+            timeout=120,
+            check=False,
+        )
+
+
+@contextlib.contextmanager
+def readable_copy(path: Path) -> Iterator[Path]:
+    """A copy of ``path`` that any user can read: the checkout may sit in a directory only its
+    owner can enter (a clone into ``mktemp -d``), where uid 65534 cannot open the original."""
+    with tempfile.TemporaryDirectory(prefix="ibacm-init-") as directory:
+        os.chmod(directory, 0o755)
+        copy = Path(directory) / path.name
+        shutil.copyfile(path, copy)
+        copy.chmod(0o755)
+        yield copy
 
 
 @pytest.fixture
