@@ -568,7 +568,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
     return Target(path, label)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ibacm-tui",
         description="Live dashboard of an ibacm daemon, attached to its admin socket.",
@@ -577,7 +577,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", metavar="SIMDIR", help="directory of an ibacm-sim cluster")
     parser.add_argument("--node", metavar="NAME", help="node of the cluster to watch")
     parser.add_argument("--version", action="version", version=f"ibacm-tui {__version__}")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ Long options are this tool's extensions; the C tool has none.
 
 from __future__ import annotations
 
+import argparse
 import enum
 import re
 from collections.abc import Sequence
@@ -34,6 +35,10 @@ LONG_OPTIONS: dict[str, bool] = {
     "help": False,
 }
 MAX_INDEX = 0xFF  # endpoint indices travel in one header byte
+FORMATS = "inlg"
+"""``-f``: i(p), n(ame), l(id), g(id); only the first letter counts."""
+FABRICS = ("hw", "sim")
+"""``--fabric``: where ``-A`` finds devices."""
 
 
 class UsageError(Exception):
@@ -227,7 +232,7 @@ def _apply_short(settings: Settings, letter: str, value: str | None) -> None:
             settings.ep_index = _index_arg("e", value)
     elif letter == "f":
         # As the C tool: 'u' (unspecified) is the default, documented, but not accepted.
-        if not value or value[0] not in "inlg":
+        if not value or value[0] not in FORMATS:
             raise UsageError(f"-f: address format {value!r} is not one of i, n, l, g")
         settings.fmt = value[0]
     elif letter == "s":
@@ -274,7 +279,7 @@ def _apply_long(settings: Settings, name: str, value: str | None) -> None:
         if not 0 < settings.timeout < 1e6:
             raise UsageError(f"--timeout: {value} must be a positive number of seconds")
     elif name == "fabric":
-        if value not in ("hw", "sim"):
+        if value not in FABRICS:
             raise UsageError(f"--fabric: {value!r} is neither 'hw' nor 'sim'")
         settings.fabric = value
     elif name == "sim-dir":
@@ -309,6 +314,40 @@ def _check_combination(s: Settings) -> None:
         raise UsageError("")
     if s.make_addr and s.fabric == "sim" and (s.sim_dir is None or not s.sim_node):
         raise UsageError("--fabric sim needs --sim-dir DIR and --sim-node NAME")
+
+
+_HELP_LINE = re.compile(r"^ +\[?(-[A-Za-z]|--[a-z-]+)(?: \[?([\w|]+)\]?)?\]? +- (.+)$", re.M)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The same command line as an argparse parser, for tools that read one (the shell
+    completion scripts, ``ibacm.tools.completion``).
+
+    ib_acme itself parses with ``getopt`` above; this parser is built from the same
+    definitions (``OPTSTRING``, ``LONG_OPTIONS``, the usage text for metavars and help), so the
+    two cannot list different options.
+    """
+    parser = argparse.ArgumentParser(
+        prog=PROG, add_help=False, description="Query an ibacm service or write its files."
+    )
+    described = {flag: (meta, text) for flag, meta, text in _HELP_LINE.findall(usage(PROG))}
+    choices = {"-f": list(FORMATS), "--fabric": list(FABRICS)}
+    arguments = {f"-{letter}": kind for letter, kind in _parse_optstring(OPTSTRING).items()} | {
+        f"--{name}": int(takes) for name, takes in LONG_OPTIONS.items()
+    }
+    for flag, kind in arguments.items():
+        meta, text = described.get(flag, ("", ""))
+        if kind == 0:
+            parser.add_argument(flag, action="store_true", help=text or None)
+            continue
+        parser.add_argument(
+            flag,
+            nargs="?" if kind == 2 else None,
+            choices=choices.get(flag),
+            metavar=None if flag in choices or not meta else meta,
+            help=text or None,
+        )
+    return parser
 
 
 def usage(prog: str, *, extensions: bool = True) -> str:

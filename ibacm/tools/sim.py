@@ -782,7 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the fabric and one ibacm per node")
     up.add_argument("--dir", required=True, help="state directory (created)")
     up.add_argument("--nodes", type=int, help="generate node1..nodeN")
-    up.add_argument("--topology", help="ibnetdiscover output or ibsim net file instead")
+    up.add_argument(
+        "--topology", metavar="FILE", help="ibnetdiscover output or ibsim net file instead"
+    )
     up.add_argument("--sm", help="host or switch running the SM (with --topology)")
     up.add_argument("--hcas-per-node", type=int, default=1)
     up.add_argument("--ports-per-hca", type=int, default=1)
