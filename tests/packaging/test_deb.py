@@ -13,13 +13,17 @@ import pytest
 
 from ibacm import compiled
 from ibacm.config.opts_template import render_opts_file
-from tests.conftest import REPO, require_peer
+from tests.conftest import REPO, require_file, require_peer
+from tests.packaging.shells import bash_complete, zsh_complete
 
 pytestmark = pytest.mark.slow
 
 BUILD = REPO / "packaging" / "build-deb.sh"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
+BASH_COMPLETIONS = "/usr/share/bash-completion/completions"
+ZSH_COMPLETIONS = "/usr/share/zsh/vendor-completions"
+"""Where bash-completion loads a command's completion from, and Debian's zsh's $fpath entry."""
 ARCH = subprocess.run(
     ["dpkg", "--print-architecture"], capture_output=True, text=True, check=False
 ).stdout.strip()
@@ -113,6 +117,9 @@ def test_package_lists_console_scripts_units_man_pages_and_config(files: dict[st
         "/var/lib/ibacm",
     ):
         assert path in files, path
+    for command in PYPROJECT["project"]["scripts"]:
+        for path in (f"{BASH_COMPLETIONS}/{command}", f"{ZSH_COMPLETIONS}/_{command}"):
+            assert files.get(path, "").startswith("-rw-r--r--"), path
     # Debian policy: no byte code in packages (postinst compiles it).
     assert not [p for p in files if p.endswith(".pyc") or "__pycache__" in p]
     # The compiled variant of the hot modules, beside them, built for these very sources.
@@ -229,5 +236,37 @@ def test_unpacked_ibacm_sim_and_ibacm_admin_run_their_examples(
         assert "endpoint mlx5_0/1/0xffff: ready" in status.stdout
         # Debian's python3 runs the compiled modules the package ships.
         assert f"modules: compiled ({len(compiled.MODULES)} modules, mypyc)" in status.stdout
+    finally:
+        run(sim, "down", "--dir", cluster, cwd="/", env=env)
+
+
+def test_installed_completion_loads_in_bash_and_zsh(unpacked: Path, tmp_path: Path) -> None:
+    """bash-completion finds the package's scripts where it looks for a command's completion,
+    zsh finds them on Debian's $fpath, and both complete an ibacm-sim cluster's node names."""
+    loader = require_file(Path("/usr/share/bash-completion/bash_completion"))
+    zsh = require_peer("zsh")
+    share = unpacked / "usr" / "share"
+    cluster = tmp_path / "sim"
+    sim = unpacked / "usr" / "bin" / "ibacm-sim"
+    env = {**os.environ, "IBACM_LIB_DIR": str(tmp_path / "no-cache"), "IBACM_COMPILED": "auto"}
+    up = run(sim, "up", "--nodes", "2", "--dir", cluster, cwd="/", env=env)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        for command in PYPROJECT["project"]["scripts"]:
+            # bash-completion's on-demand loader, searching XDG_DATA_DIRS as on an installed
+            # system (where it is /usr/share).
+            load = f"source {loader}; XDG_DATA_DIRS={share} __load_completion {command}"
+            spec, _ = bash_complete(load, command, "")
+            assert spec.endswith(f" {command}") and " -F _shtab_" in spec, spec
+        load = f"source {loader}; XDG_DATA_DIRS={share} __load_completion ibacm-sim"
+        subcommands = bash_complete(load, "ibacm-sim", "")[1]
+        assert len(subcommands) == 14 and "port-down" in subcommands
+        assert "--nodes" in bash_complete(load, "ibacm-sim", "up", "--")[1]
+        nodes = bash_complete(load, "ibacm-sim", "flap", "--dir", str(cluster), "")[1]
+        assert nodes == ["node1", "node2"]
+        fpath = run(zsh, "-c", "print -l $fpath").stdout.split()
+        assert ZSH_COMPLETIONS in fpath  # Debian's zsh looks there
+        vendor = unpacked / ZSH_COMPLETIONS.lstrip("/")
+        assert zsh_complete(vendor, f"ibacm-admin --dir {cluster} --node ") == ["node1", "node2"]
     finally:
         run(sim, "down", "--dir", cluster, cwd="/", env=env)

@@ -93,6 +93,14 @@ def test_the_examples_are_found() -> None:
     assert len(found) >= 12
 
 
+def test_readme_by_hand_block_runs_as_root_without_sudo() -> None:
+    # A root shell (the test command's, a container's) has no sudo to run.
+    section = (REPO / "README.md").read_text().split("## Running it by hand", 1)[1]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    assert "sudo" not in block
+    assert any("ibacm-sim exec" in line and "# as root" in line for line in block.splitlines())
+
+
 @pytest.mark.parametrize("command", [c for c in all_examples() if excluded(c) is None])
 def test_example_runs_as_written(cluster: Path, command: str) -> None:
     words = shlex.split(command.replace("/tmp/sim", str(cluster)))

@@ -16,6 +16,7 @@ import pytest
 
 import ibacm
 from ibacm.config.options import KNOWN_KEYS, Options
+from ibacm.core import cli
 from ibacm.core.daemon import RESTART_OPTIONS
 from ibacm.fabric.sim.faults import Faults
 from ibacm.provider import api
@@ -208,6 +209,32 @@ def test_ibacm8_documents_the_short_options() -> None:
     text = plain(render("ibacm.8"))
     for flag in ("-D", "-P", "-A addr_file", "-O opts_file", "--systemd", "--version"):
         assert flag in text
+
+
+def test_ibacm8_synopsis_lists_every_fabric() -> None:
+    synopsis = re.search(r" SYNOPSIS (.*) DESCRIPTION ", plain(render("ibacm.8")))
+    assert synopsis is not None
+    fabric = next(a for a in cli.build_parser()._actions if "--fabric" in a.option_strings)
+    assert fabric.choices is not None
+    assert f"[--fabric {'|'.join(fabric.choices)}]" in synopsis.group(1)
+
+
+def _shared_files() -> dict[str, str]:
+    """contrib file -> where the Debian package installs it (packaging/debian/rules)."""
+    rules = (REPO / "packaging" / "debian" / "rules").read_text().replace("\\\n", " ")
+    found = re.findall(r"install -D -m 0644 contrib/(\S+)\s+\$\(DEST\)(/usr/share/\S+)", rules)
+    return {name: path.replace("$(PKG)", "ibacm-trio") for name, path in found}
+
+
+def test_pages_and_readme_debian_say_where_the_dissector_and_dashboard_are() -> None:
+    installed = _shared_files()
+    assert sorted(installed) == ["grafana/ibacm-dashboard.json", "wireshark/acm.lua"]
+    readme = (REPO / "packaging" / "debian" / "README.Debian").read_text()
+    ibacm8 = source("ibacm.8").replace("\\-", "-")
+    for path in installed.values():
+        assert path in readme, f"README.Debian does not name {path}"
+        assert path in ibacm8, f"ibacm(8) does not name {path}"
+    assert installed["wireshark/acm.lua"] in source("ibacm-admin.8").replace("\\-", "-")
 
 
 def test_ib_acme1_documents_every_flag() -> None:

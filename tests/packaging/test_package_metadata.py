@@ -73,6 +73,9 @@ def test_rpm_files_section_covers_scripts_units_and_man_pages() -> None:
     for page in MAN_PAGES:
         section = page.rsplit(".", 1)[1]
         assert f"/usr/share/man/man{section}/{page}*" in files, page
+        # Shell completion, where Fedora's bash-completion and zsh look.
+        assert f"\n/usr/share/bash-completion/completions/{name}\n" in files, name
+        assert f"\n/usr/share/zsh/site-functions/_{name}\n" in files, name
     for unit in ("ibacm.service", "ibacm.socket"):
         assert f"/usr/lib/systemd/system/{unit}" in files
     assert "%config(noreplace) /etc/rdma/ibacm_opts.cfg" in files
@@ -81,3 +84,12 @@ def test_rpm_files_section_covers_scripts_units_and_man_pages() -> None:
 def test_rpm_changelog_is_at_the_project_version() -> None:
     changelog = SPEC.read_text().split("%changelog\n", 1)[1]
     assert changelog.splitlines()[0].endswith(f" - {VERSION}-1")
+
+
+def test_rpm_makes_the_completion_scripts_at_build_time() -> None:
+    spec = expanded_spec()
+    install = spec.split("\n%install\n", 1)[1].split("\n%check\n", 1)[0]
+    assert "-m ibacm.tools.completion" in install
+    assert "--bash-dir /" in install and "/usr/share/bash-completion/completions" in install
+    assert "--zsh-dir /" in install and "/usr/share/zsh/site-functions" in install
+    assert re.search(r"^BuildRequires:\s+python3-shtab$", spec, re.MULTILINE)
