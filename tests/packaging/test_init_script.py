@@ -22,7 +22,7 @@ INIT = REPO / "packaging" / "ibacm.init"
 
 
 def run_init(
-    action: str, env: Mapping[str, str], *, as_nobody: bool = False
+    action: str, env: Mapping[str, str], *, as_nobody: bool = False, init: Path = INIT
 ) -> subprocess.CompletedProcess[str]:
     """Run the script with /bin/sh, the way init systems run it."""
     base = {
@@ -31,12 +31,12 @@ def run_init(
         "SYSTEMCTL_SKIP_REDIRECT": "1",
     }
     with contextlib.ExitStack() as stack:
-        script = INIT
+        script = init
         prefix: list[str] = []
         if as_nobody and os.geteuid() == 0:
             setpriv = require_peer("setpriv")
             prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
-            script = stack.enter_context(readable_copy(INIT))
+            script = stack.enter_context(readable_copy(init))
         return subprocess.run(
             [*prefix, "/bin/sh", str(script), action],
             capture_output=True,
@@ -108,6 +108,20 @@ def test_status_does_not_need_root(scratch: dict[str, str], tmp_path: Path) -> N
     Path(scratch["CONFIG"]).chmod(0o644)
     done = run_init("status", scratch, as_nobody=True)
     assert done.returncode == 3
+
+
+def test_unprivileged_runs_work_from_a_checkout_only_its_owner_enters(
+    scratch: dict[str, str], tmp_path: Path
+) -> None:
+    # A clone into `mktemp -d` (0700): uid 65534 cannot read the script where it lies.
+    private = tmp_path / "checkout"
+    private.mkdir(mode=0o700)
+    init = Path(shutil.copy2(INIT, private / INIT.name))
+    tmp_path.chmod(0o755)
+    Path(scratch["CONFIG"]).chmod(0o644)
+    assert run_init("status", scratch, as_nobody=True, init=init).returncode == 3
+    done = run_init("stop", scratch, as_nobody=True, init=init)
+    assert done.returncode == 4 and "root" in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
