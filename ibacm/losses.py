@@ -34,8 +34,9 @@ def reason(exc: BaseException) -> str:
 @dataclass(eq=False)
 class Losses:
     """Items that could not be written: counted, and said on stderr when the first is lost,
-    then at most once per ``interval`` while more are, and when writing works again.
-    ``what`` names one item (``log line``); the clock is injectable for tests."""
+    then at most once per ``interval`` while more are, and when writing works again after a
+    report (a disk that is nearly full lets some writes through: that must not flood
+    either). ``what`` names one item (``log line``); the clock is injectable for tests."""
 
     what: str
     interval: float = REPORT_INTERVAL
@@ -47,6 +48,7 @@ class Losses:
     """The last write failed."""
     _unreported: int = 0
     _reported_at: float | None = field(default=None, repr=False)
+    _said_failing: bool = False
 
     def lost(self, destination: str, why: str, count: int = 1) -> None:
         self.total += count
@@ -57,6 +59,7 @@ class Losses:
         if self._reported_at is not None and now - self._reported_at < self.interval:
             return
         self._reported_at = now
+        self._said_failing = True
         say(
             f"ibacm: cannot write {destination}: {why}; {self._unreported} {self.what}(s) lost "
             f"({self.total} since start); next report in {self.interval:g} s at most"
@@ -64,14 +67,17 @@ class Losses:
         self._unreported = 0
 
     def recovered(self, destination: str) -> None:
-        """A write worked after failed ones: say so, with what was lost since the last report."""
+        """A write worked after failed ones: say so if the failure was said, with what was
+        lost since."""
         self.failing = False
+        if not self._said_failing:
+            return
+        self._said_failing = False
         say(
             f"ibacm: writing {destination} again; {self._unreported} more {self.what}(s) lost "
             f"({self.total} since start)"
         )
         self._unreported = 0
-        self._reported_at = None
 
     def status(self) -> dict[str, Any]:
         return {"lost": self.total, "failing": self.failing, "error": self.error}

@@ -21,6 +21,7 @@ import trio
 
 from ibacm.core.events import EventBus
 from ibacm.core.logging import CONFIG_LOGGER, LogControl, get_logger, python_level
+from ibacm.losses import Losses
 from tests.fullfs import free, full_tmpfs
 
 
@@ -329,3 +330,26 @@ def test_a_closed_stderr_costs_lines_not_the_caller(
     monkeypatch.undo()
     with pytest.raises(OSError):
         broken.close()  # the text layer still holds the unwritten line
+
+
+def test_a_nearly_full_disk_that_lets_some_writes_through_does_not_flood_either(
+    clock: Clock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    losses = Losses("log line", 60.0, clock)
+    for second in range(120):  # every other write fails, for two minutes
+        clock.now = float(second)
+        losses.lost("ibacm.log", "No space left on device")
+        losses.recovered("ibacm.log")
+    assert capsys.readouterr().err.splitlines() == [
+        "ibacm: cannot write ibacm.log: No space left on device; 1 log line(s) lost "
+        "(1 since start); next report in 60 s at most",
+        "ibacm: writing ibacm.log again; 0 more log line(s) lost (1 since start)",
+        "ibacm: cannot write ibacm.log: No space left on device; 60 log line(s) lost "
+        "(61 since start); next report in 60 s at most",
+        "ibacm: writing ibacm.log again; 0 more log line(s) lost (61 since start)",
+    ]
+    assert losses.status() == {
+        "lost": 120,
+        "failing": False,
+        "error": "ibacm.log: No space left on device",
+    }
