@@ -25,7 +25,8 @@ def _unavailable(message: str) -> None:
 @contextlib.contextmanager
 def full_tmpfs(directory: Path, *, room: int = 0) -> Iterator[Path]:
     """Mount a 64 KiB tmpfs on ``directory``, fill it but for ``room`` bytes (rounded to
-    pages by tmpfs), yield it, unmount it. ``free(directory)`` empties it again."""
+    pages by tmpfs), yield it, unmount it. ``free(directory)`` empties it again, ``fill``
+    fills it up."""
     directory.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         _unavailable("mounting a full tmpfs needs root")
@@ -38,15 +39,20 @@ def full_tmpfs(directory: Path, *, room: int = 0) -> Iterator[Path]:
     if mounted.returncode != 0:
         _unavailable(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
     try:
-        fd = os.open(directory / FILLER, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            with contextlib.suppress(OSError):  # ENOSPC: full, as wanted
-                os.write(fd, b"\0" * (SIZE - room))
-        finally:
-            os.close(fd)
+        fill(directory, SIZE - room)
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def fill(directory: Path, size: int = SIZE) -> None:
+    """Take up to ``size`` more bytes of the tmpfs (by default all that is left)."""
+    fd = os.open(directory / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        with contextlib.suppress(OSError):  # ENOSPC: full, as wanted
+            os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
 
 
 def free(directory: Path) -> None:

@@ -8,10 +8,13 @@ import errno
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, MutableMapping
+import urllib.request
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import trio
 from ibacm.core.events import EventBus
 from ibacm.core.logging import CONFIG_LOGGER, LogControl, get_logger, python_level
 from ibacm.losses import Losses
+from tests.conftest import ibacm_sim, require_peer
 from tests.fullfs import free, full_tmpfs
 
 
@@ -353,3 +357,120 @@ def test_a_nearly_full_disk_that_lets_some_writes_through_does_not_flood_either(
         "failing": False,
         "error": "ibacm.log: No space left on device",
     }
+
+
+# -- a real daemon (ibacm-sim) whose log file is on a full disk --------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _admin_status(node: Path) -> tuple[str, dict[str, Any]]:
+    """``ibacm-admin status`` as printed, and its JSON."""
+    command = [
+        sys.executable,
+        "-m",
+        "ibacm.tools.admin_cli",
+        "--admin",
+        str(node / "ibacm-admin.sock"),
+    ]
+    text = subprocess.run([*command, "status"], capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0, text.stderr
+    raw = subprocess.run([*command, "--json", "status"], capture_output=True, text=True, timeout=60)
+    assert raw.returncode == 0, raw.stderr
+    return text.stdout, json.loads(raw.stdout)
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        body = response.read().decode()
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in the metrics:\n{body}")
+
+
+def _resolve(ib_acme: str, node: Path) -> str:
+    done = subprocess.run(
+        [ib_acme, "-S", str(node / "ibacm-unix.sock"), "-s", "10.0.0.1", "-d", "10.0.0.2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.stdout
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.peer
+def test_a_daemon_logging_to_a_full_disk_keeps_serving_counts_and_survives_sighup(
+    tmp_path: Path,
+) -> None:
+    ib_acme = require_peer("ib_acme")
+    started = time.monotonic()
+    with full_tmpfs(tmp_path / "full") as full:
+        logs = full / "logs"
+        logs.mkdir()  # an empty directory needs no blocks: it fits on the full tmpfs
+        log_file = logs / "ibacm.log"
+        port = _free_port()
+        extra = tmp_path / "extra.cfg"
+        extra.write_text(f"log_file {log_file}\nmetrics_port {port}\n")
+        sim = tmp_path / "sim"
+        try:
+            up = ibacm_sim("up", "--nodes", "2", "--dir", str(sim), "--opts", str(extra),
+                           "--log-level", "2")  # fmt: skip
+            assert up.returncode == 0, up.stderr
+            node = sim / "node1"
+            pid = json.loads((sim / "pids.json").read_text())["nodes"]["node1"]
+            stderr = node / "ibacm.out"
+            for _ in range(50):
+                assert "dlid: 3" in _resolve(ib_acme, node)
+
+            text, snapshot = _admin_status(node)
+            state = snapshot["daemon"]["log"]
+            assert state["failing"] and state["lost"] > 50
+            assert state["error"] == f"{log_file}: No space left on device"
+            assert f"log: {log_file}, " in text and "line(s) lost; failing:" in text
+            assert _metric(port, "ibacm_log_lines_lost_total") >= state["lost"]
+
+            # SIGHUP while the file cannot be written: the reopen used to end the daemon. The
+            # reload that follows the reopen shows in the status: log_level 2 becomes 1.
+            opts = node / "ibacm_opts.cfg"
+            opts.write_text(opts.read_text().replace("log_level 2\n", "log_level 1\n"))
+            os.kill(pid, signal.SIGHUP)
+            _wait_for(
+                lambda: _admin_status(node)[1]["daemon"]["log_level"] == 1, "the first reload"
+            )
+            # SIGHUP with a reopen that fails: logrotate moved the file, the directory is gone.
+            log_file.rename(full / "ibacm.log.1")
+            logs.rmdir()
+            os.kill(pid, signal.SIGHUP)
+            _wait_for(lambda: "cannot reopen log file" in stderr.read_text(), "the reopen report")
+            assert "dlid: 3" in _resolve(ib_acme, node)
+            os.kill(pid, 0)  # alive
+            text, snapshot = _admin_status(node)
+            assert snapshot["daemon"]["log"]["lost"] > state["lost"]
+
+            out = stderr.read_text()
+            assert "Traceback" not in out and "Logging error" not in out
+            assert (
+                f"ibacm: cannot reopen log file {log_file}: No such file or directory; "
+                f"still logging to {log_file}"
+            ) in out
+            reports = [line for line in out.splitlines() if line.startswith("ibacm: cannot write")]
+            assert 1 <= len(reports) <= 1 + (time.monotonic() - started) // 60, reports
+            assert reports[0].startswith(
+                f"ibacm: cannot write {log_file}: No space left on device; "
+            )
+        finally:
+            ibacm_sim("down", "--dir", str(sim))
