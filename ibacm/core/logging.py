@@ -179,8 +179,16 @@ class _Handler(logging.Handler):
     def flush(self) -> None:
         """Every line was written when it was emitted."""
 
+    def swap(self, destination: Destination) -> None:
+        """Write to ``destination`` from now on; the old one is closed."""
+        # Under the handler's lock: a worker thread may be writing to the old one right now.
+        with self.lock or contextlib.nullcontext():
+            old, self.destination = self.destination, destination
+            old.close()
+
     def close(self) -> None:
-        self.destination.close()
+        with self.lock or contextlib.nullcontext():
+            self.destination.close()
         super().close()
 
 
@@ -284,8 +292,7 @@ class LogControl:
                 "log file not reopened", path=self.destination, error=reason(exc), still=still
             )
             return
-        old, handler.destination = handler.destination, target
-        old.close()
+        handler.swap(target)
 
     def status(self) -> dict[str, Any]:
         """JSON-able state for the admin snapshot: where lines go and how many were lost."""
