@@ -3,6 +3,7 @@ ISO 8601 timestamps, and what a file that cannot be written costs (lines, never 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -332,8 +333,8 @@ def test_a_closed_stderr_costs_lines_not_the_caller(
     assert control.status()["lost"] == 1
     assert control.status()["error"] == f"stderr: {os.strerror(errno.EPIPE)}"
     monkeypatch.undo()
-    with pytest.raises(OSError):
-        broken.close()  # the text layer still holds the unwritten line
+    with contextlib.suppress(OSError):  # the text layer still holds the unwritten line
+        broken.close()
 
 
 def test_a_nearly_full_disk_that_lets_some_writes_through_does_not_flood_either(
