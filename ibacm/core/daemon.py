@@ -629,6 +629,8 @@ class Daemon:
                 "providers": [provider.name for provider in self.providers.providers],
                 "listening": self.listeners.addresses if self.listeners else [],
                 "admin_socket": self.admin_path,
+                "log": self.log_control.status() if self.log_control is not None else None,
+                "capture": self.mad_capture.status(),
             },
             "options": _jsonable(dataclasses.asdict(self.options)),
             "counters": self.counters.snapshot(),

@@ -8,7 +8,12 @@
 * ``log_level`` 0-2: 0 warnings and errors (plus the configuration banner at start-up, which
   goes through the ``ibacm.config`` logger, always enabled at info), 1 info, 2 debug.
 * Every record that is written is also offered to the admin event bus as ``kind="log"``.
-* Timestamps are local time with milliseconds, ``YYYY-MM-DDTHH:MM:SS.mmm`` (options.md §10).
+* Timestamps are ISO 8601 local time with milliseconds and the UTC offset,
+  ``YYYY-MM-DDTHH:MM:SS.mmm+HH:MM`` (``datetime.fromisoformat`` reads them).
+* Logging never stops the daemon: a line that cannot be written (disk full, file removed or
+  read-only, stderr closed) is counted (``ibacm.losses``) (admin status, metrics) and reported
+  on stderr at most once per ``REPORT_INTERVAL``, never with a traceback per line; a reopen
+  that fails keeps the stream it had.
 """
 
 from __future__ import annotations
@@ -16,19 +21,28 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import sys
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import IO, Any, Protocol
 
 import structlog
 
 from ibacm.log import get_logger as get_logger  # re-exported: the daemon's loggers
+from ibacm.losses import REPORT_INTERVAL, Losses, reason, say
 
 CONFIG_LOGGER = "ibacm.config"
 """Logger of the start-up configuration banner, written at every log level (as C does)."""
 
+LOG_FILE_MODE = 0o666
+"""Mode of a new log file before the umask (what ``open(path, "a")`` gave)."""
+
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 _PLAIN = (str, int, float, bool, type(None))
+_STANDARD = ("stdout", "stderr")
+
+log = get_logger(__name__)
 
 
 class EventSink(Protocol):
@@ -42,11 +56,13 @@ def python_level(acm_level: int) -> int:
     return _LEVELS.get(acm_level, logging.DEBUG)
 
 
+def timestamp_now() -> str:
+    """Local time, ISO 8601 with milliseconds and the UTC offset."""
+    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
 def _timestamp(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    now = datetime.datetime.now()
-    event_dict.setdefault(
-        "timestamp", now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}"
-    )
+    event_dict.setdefault("timestamp", timestamp_now())
     return event_dict
 
 
@@ -60,25 +76,148 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-class LogControl:
-    """The daemon's handle on logging: level, destination, reopen, event bus."""
+# -- destinations ------------------------------------------------------------------------------
 
-    def __init__(self) -> None:
-        self.handler: logging.StreamHandler[IO[str]] | None = None
+
+class LogStream:
+    """stdout or stderr (a text stream the daemon does not own)."""
+
+    def __init__(self, name: str, stream: IO[str] | None) -> None:
+        self.name = name
+        self.stream = stream
+
+    def write_line(self, text: str) -> None:
+        stream = self.stream
+        if stream is None:  # no stderr at all (started detached): nothing to write to
+            raise OSError(f"no {self.name}")
+        stream.write(text + "\n")
+        stream.flush()
+
+    def isatty(self) -> bool:
+        try:
+            return self.stream is not None and self.stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            return False
+
+    def close(self) -> None:
+        """Not ours to close."""
+
+
+class LogFile:
+    """A log file opened for appending; each line is one ``write(2)`` of its own.
+
+    Unbuffered, so a failed write loses exactly the lines it was given (a buffer would keep
+    them and write them later, or fail again at close). A line cut short by a full disk is
+    ended by the next line that is written, which then starts on a line of its own.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.name = path
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        self.fd = os.open(path, flags, LOG_FILE_MODE)
+        self._torn = False
+
+    def write_line(self, text: str) -> None:
+        data = (("\n" if self._torn else "") + text + "\n").encode("utf-8", "backslashreplace")
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self.fd, view[written:])
+        except OSError:
+            if written:
+                self._torn = True
+            raise
+        self._torn = False
+
+    def isatty(self) -> bool:
+        try:
+            return os.isatty(self.fd)
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+Destination = LogStream | LogFile
+
+
+def open_destination(destination: str) -> Destination:
+    """``stdout``, ``stderr`` or a file opened for appending (``OSError`` if it cannot be)."""
+    lowered = destination.lower()
+    if lowered == "stdout":
+        return LogStream("stdout", sys.stdout)
+    if lowered == "stderr":
+        return LogStream("stderr", sys.stderr)
+    return LogFile(destination)
+
+
+class _Handler(logging.Handler):
+    """Writes formatted records to a destination; a failure costs the line, never a raise."""
+
+    def __init__(self, destination: Destination, losses: Losses) -> None:
+        super().__init__()
+        self.destination = destination
+        self.losses = losses
+
+    def emit(self, record: logging.LogRecord) -> None:
+        destination = self.destination
+        try:
+            destination.write_line(self.format(record))
+        except Exception as exc:  # a bad record (a library's %-format) is a lost line too
+            self.losses.lost(destination.name, reason(exc))
+            return
+        if self.losses.failing:
+            self.losses.recovered(destination.name)
+            # Also in the log itself, so whoever reads it knows there is a gap before here.
+            log.warning("log lines lost", lost_since_start=self.losses.total)
+
+    def flush(self) -> None:
+        """Every line was written when it was emitted."""
+
+    def swap(self, destination: Destination) -> None:
+        """Write to ``destination`` from now on; the old one is closed."""
+        # Under the handler's lock: a worker thread may be writing to the old one right now.
+        with self.lock or contextlib.nullcontext():
+            old, self.destination = self.destination, destination
+            old.close()
+
+    def close(self) -> None:
+        with self.lock or contextlib.nullcontext():
+            self.destination.close()
+        super().close()
+
+
+class LogControl:
+    """The daemon's handle on logging: level, destination, reopen, event bus, lines lost."""
+
+    def __init__(
+        self, *, report_interval: float = REPORT_INTERVAL, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.handler: _Handler | None = None
         self.destination = "stderr"
         self.level = 0
         self.format = "auto"
         self.bus: EventSink | None = None
-        self._owned: IO[str] | None = None
+        self.losses = Losses("log line", report_interval, clock or time.monotonic)
 
     # -- set-up ------------------------------------------------------------------------------
     def configure(self, *, destination: str, level: int, log_format: str = "auto") -> None:
         """(Re)build the structlog + stdlib pipeline writing to ``destination``."""
         self.destination = destination
         self.format = log_format
-        stream = self._open(destination)
+        try:
+            target = open_destination(destination)
+        except OSError as exc:
+            # C falls back to stdout; stderr is where an operator looks for trouble.
+            say(f"ibacm: cannot open log file {destination}: {reason(exc)}; logging to stderr")
+            target = open_destination("stderr")
         renderer: structlog.types.Processor
-        if self._wants_json(stream):
+        if self._wants_json(target):
             renderer = structlog.processors.JSONRenderer()
         else:
             renderer = structlog.dev.ConsoleRenderer(colors=False)
@@ -109,49 +248,24 @@ class LogControl:
                 renderer,
             ],
         )
-        handler: logging.StreamHandler[IO[str]] = logging.StreamHandler(stream)
+        handler = _Handler(target, self.losses)
         handler.setFormatter(formatter)
         root = logging.getLogger()
-        if self.handler is not None and self.handler in root.handlers:
-            root.removeHandler(self.handler)
+        old = self.handler
         root.addHandler(handler)
         self.handler = handler
+        if old is not None:
+            root.removeHandler(old)
+            old.close()
         logging.getLogger(CONFIG_LOGGER).setLevel(logging.INFO)
         self.set_level(level)
 
-    def _wants_json(self, stream: IO[str]) -> bool:
+    def _wants_json(self, target: Destination) -> bool:
         if self.format == "json":
             return True
         if self.format == "console":
             return False
-        try:
-            return not stream.isatty()
-        except (AttributeError, ValueError):
-            return True
-
-    def _open(self, destination: str) -> IO[str]:
-        lowered = destination.lower()
-        if lowered == "stdout":
-            return sys.stdout
-        if lowered == "stderr":
-            return sys.stderr
-        try:
-            stream = open(destination, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-        except OSError as exc:
-            # C falls back to stdout; stderr is where an operator looks for trouble.
-            print(
-                f"ibacm: cannot open log file {destination}: {exc.strerror}; logging to stderr",
-                file=sys.stderr,
-            )
-            return sys.stderr
-        self._close_owned()
-        self._owned = stream
-        return stream
-
-    def _close_owned(self) -> None:
-        if self._owned is not None:
-            self._owned.close()
-            self._owned = None
+        return not target.isatty()
 
     # -- run time ----------------------------------------------------------------------------
     def set_level(self, level: int) -> None:
@@ -159,24 +273,37 @@ class LogControl:
         logging.getLogger().setLevel(python_level(level))
 
     def reopen(self) -> None:
-        """Reopen a log file (SIGHUP, after logrotate moved it); no-op for stdout/stderr."""
-        if self.handler is None or self.destination.lower() in ("stdout", "stderr"):
+        """Reopen a log file (SIGHUP, after logrotate moved it); no-op for stdout/stderr.
+
+        Never raises: when the file cannot be opened the lines keep going where they went
+        (the file opened before, or stderr), and stderr and the log say so."""
+        handler = self.handler
+        if handler is None or self.destination.lower() in _STANDARD:
             return
-        old = self._owned
-        self._owned = None
-        stream = self._open(self.destination)
-        self.handler.setStream(stream)
-        if old is not None and old is not stream:
-            old.close()
+        try:
+            target = open_destination(self.destination)
+        except OSError as exc:
+            still = handler.destination.name
+            say(
+                f"ibacm: cannot reopen log file {self.destination}: {reason(exc)}; "
+                f"still logging to {still}"
+            )
+            log.error(
+                "log file not reopened", path=self.destination, error=reason(exc), still=still
+            )
+            return
+        handler.swap(target)
+
+    def status(self) -> dict[str, Any]:
+        """JSON-able state for the admin snapshot: where lines go and how many were lost."""
+        writing = self.handler.destination.name if self.handler is not None else None
+        return {"destination": self.destination, "writing_to": writing, **self.losses.status()}
 
     def close(self) -> None:
-        root = logging.getLogger()
         if self.handler is not None:
-            with contextlib.suppress(ValueError, OSError):  # the stream may be closed already
-                self.handler.flush()
-            root.removeHandler(self.handler)
+            logging.getLogger().removeHandler(self.handler)
+            self.handler.close()
             self.handler = None
-        self._close_owned()
 
     def _publish(
         self, _: Any, __: str, event_dict: MutableMapping[str, Any]

@@ -215,6 +215,7 @@ class SnapshotCollector:
             if value is not None:
                 yield GaugeMetricFamily(name, text, value=value)
         yield from self._client_limits(_mapping(daemon.get("client_limits")))
+        yield from self._losses(daemon)
 
     def _client_limits(self, limits: Mapping[str, Any]) -> Iterator[Metric]:
         """What the client limits refused and closed (admin snapshot ``client_limits``)."""
@@ -237,6 +238,26 @@ class SnapshotCollector:
                     family.add_metric([reason], value)
             if family.samples:
                 yield family
+
+    def _losses(self, daemon: Mapping[str, Any]) -> Iterator[Metric]:
+        """What files that could not be written cost (admin snapshot ``log`` and ``capture``)."""
+        lost = _number(_mapping(daemon.get("log")).get("lost"))
+        if lost is not None:
+            yield CounterMetricFamily(
+                "ibacm_log_lines_lost", "Log lines that could not be written", value=lost
+            )
+        capture = _mapping(daemon.get("capture"))
+        family = CounterMetricFamily(
+            "ibacm_capture_records_lost",
+            "MADs of the current (or last) capture that are not in its file",
+            labels=["reason"],
+        )
+        for key, reason in (("dropped", "queue_full"), ("lost", "write_failed")):
+            value = _number(capture.get(key))
+            if value is not None:
+                family.add_metric([reason], value)
+        if family.samples:
+            yield family
 
     def _global_counters(self, raw: Any) -> Iterator[Metric]:
         values = _counters(raw)

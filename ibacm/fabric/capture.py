@@ -17,17 +17,21 @@ With no observer the tap costs one attribute test per MAD. ``CaptureControl`` is
 that writes the MADs to a pcap file of ERF type-21 records (``ibacm.wire.erf``) that tshark and
 Wireshark decode; it starts and stops at run time (``ibacm --capture FILE``, the admin command
 ``capture``). Capture interface 0 ("Port A") holds sent MADs, interface 1 ("Port B") received
-ones. A full queue drops MADs from the capture (counted), never slows the fabric down.
+ones. A full queue drops MADs from the capture (counted), never slows the fabric down. A file
+that cannot be written (full disk) loses the MADs of the failed write (counted, said once on
+stderr per interval) and is cut back to its last whole record, so it stays readable; the
+capture goes on and writes again once there is room.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -53,6 +57,7 @@ from ibacm.fabric.api import (
     UdQp,
 )
 from ibacm.log import get_logger
+from ibacm.losses import Losses, reason
 from ibacm.wire import erf
 from ibacm.wire.errors import WireError
 from ibacm.wire.mad import MadHeader, Method, MgmtClass, SaAttr, split_rmpp
@@ -525,6 +530,8 @@ class _Session:
     unencodable: int = 0
     error: str | None = None
     active: bool = True
+    losses: Losses = field(default_factory=lambda: Losses("captured MAD"))
+    """MADs that a failed write (full disk) kept out of the file."""
 
 
 def capture_record(trace: MadTrace, seconds: float) -> bytes:
@@ -533,11 +540,27 @@ def capture_record(trace: MadTrace, seconds: float) -> bytes:
     return erf.erf_infiniband_record(seconds, trace.packet(), interface)
 
 
-def _open_capture_file(path: str) -> io.BufferedWriter:
+def _open_capture_file(path: str) -> io.FileIO:
     # O_NOFOLLOW: a planted symlink must not redirect a root daemon's write.
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, CAPTURE_FILE_MODE)
-    return os.fdopen(fd, "wb")
+    # Unbuffered: a failed write is known at once, and nothing is left to fail at close.
+    return io.FileIO(fd, "wb")
+
+
+def _append(file: io.FileIO, data: bytes, end: int) -> None:
+    """Write ``data`` at ``end`` (the end of the last whole record). If that fails part way,
+    cut the file back to ``end`` first, so a reader never meets half a record, and raise."""
+    view = memoryview(data)
+    done = 0
+    try:
+        while done < len(data):
+            done += file.write(view[done:]) or 0
+    except OSError:
+        with contextlib.suppress(OSError):
+            file.truncate(end)
+            file.seek(end)
+        raise
 
 
 class CaptureControl:
@@ -598,14 +621,14 @@ class CaptureControl:
                 raise CaptureError(
                     f"cannot open capture file {path!r}: {exc.strerror or exc}"
                 ) from exc
-            file = trio.wrap_file(raw)
             try:
-                await file.write(erf.pcap_file_header())
-                await file.flush()
+                await trio.to_thread.run_sync(_append, raw, erf.pcap_file_header(), 0)
             except BaseException as exc:
-                await file.aclose()
+                raw.close()
                 if isinstance(exc, OSError):
-                    raise CaptureError(f"cannot write capture file {path!r}: {exc}") from exc
+                    raise CaptureError(
+                        f"cannot write capture file {path!r}: {reason(exc)}"
+                    ) from exc
                 raise
             send, receive = trio.open_memory_channel[MadTrace](self._queue_size)
             session = _Session(
@@ -616,7 +639,8 @@ class CaptureControl:
                 done=trio.Event(),
             )
             self._session = session
-            self._nursery.start_soon(self._writer, session, receive, file)
+            session.written = len(erf.pcap_file_header())
+            self._nursery.start_soon(self._writer, session, receive, raw)
             self.tap.add_observer(self)
             log.info("MAD capture started", path=path)
             return self.status()
@@ -637,12 +661,20 @@ class CaptureControl:
         """JSON-able state of the current (or last) capture."""
         session = self._session
         if session is None:
-            return {"active": False, "path": None, "records": 0, "dropped": 0, "bytes": 0}
+            return {
+                "active": False,
+                "path": None,
+                "records": 0,
+                "dropped": 0,
+                "lost": 0,
+                "bytes": 0,
+            }
         return {
             "active": session.active,
             "path": session.path,
             "records": session.records,
             "dropped": session.dropped,
+            "lost": session.losses.total,
             "unencodable": session.unencodable,
             "bytes": session.written,
             "started": session.wall_anchor,
@@ -678,7 +710,7 @@ class CaptureControl:
 
     # -- writer ------------------------------------------------------------------------------
 
-    def _encode(self, session: _Session, traces: Sequence[MadTrace]) -> bytes:
+    def _encode(self, session: _Session, traces: Sequence[MadTrace]) -> list[bytes]:
         chunks = []
         for trace in traces:
             seconds = max(0.0, session.wall_anchor + (trace.time - session.clock_anchor))
@@ -687,26 +719,41 @@ class CaptureControl:
             except WireError as exc:
                 session.unencodable += 1
                 log.warning("MAD not capturable", port=trace.port, error=str(exc))
+        return chunks
+
+    async def _write(self, session: _Session, file: io.FileIO, traces: Sequence[MadTrace]) -> None:
+        """Append the records of ``traces``; a failed write costs them, never the capture."""
+        chunks = self._encode(session, traces)
+        if not chunks:
+            return
+        data = b"".join(chunks)
+        losses = session.losses
+        try:
+            # Shielded: MADs taken off the queue must reach the file even at shutdown.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_append, file, data, session.written)
+        except OSError as exc:
+            session.error = f"writing {session.path!r} failed: {reason(exc)}"
+            if not losses.failing:  # once per failure, not per write: the log may be full too
+                log.error("MAD capture losing records", path=session.path, error=reason(exc))
+            losses.lost(session.path, reason(exc), len(chunks))
+            return
         session.records += len(chunks)
-        return b"".join(chunks)
+        session.written += len(data)
+        if losses.failing:
+            losses.recovered(session.path)
+            session.error = None
+            log.warning("MAD capture writing again", path=session.path, lost=losses.total)
 
     async def _writer(
         self,
         session: _Session,
         receive: trio.MemoryReceiveChannel[MadTrace],
-        file: Any,
+        file: io.FileIO,
     ) -> None:
         try:
             async for trace in receive:
-                data = self._encode(session, [trace, *_drain(receive)])
-                # Shielded: MADs taken off the queue must reach the file even at shutdown.
-                with trio.CancelScope(shield=True):
-                    await file.write(data)
-                    await file.flush()  # a live capture can be read while it grows
-                session.written += len(data)
-        except OSError as exc:
-            session.error = f"writing {session.path!r} failed: {exc.strerror or exc}"
-            log.error("MAD capture failed", path=session.path, error=session.error)
+                await self._write(session, file, [trace, *_drain(receive)])
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish(session, receive, file)
@@ -715,24 +762,19 @@ class CaptureControl:
         self,
         session: _Session,
         receive: trio.MemoryReceiveChannel[MadTrace],
-        file: Any,
+        file: io.FileIO,
     ) -> None:
         """Write what is still queued (shutdown), close the file, mark the session over."""
         session.active = False
         self.tap.remove_observer(self)
         try:
-            rest = self._encode(session, _drain(receive)) if session.error is None else b""
-            if rest:
-                await file.write(rest)
-                session.written += len(rest)
-        except OSError as exc:
-            session.error = f"writing {session.path!r} failed: {exc.strerror or exc}"
+            await self._write(session, file, _drain(receive))
         finally:
             receive.close()
             try:
-                await file.aclose()
+                await trio.to_thread.run_sync(file.close)
             except OSError as exc:
-                session.error = session.error or f"closing {session.path!r} failed: {exc}"
+                session.error = session.error or f"closing {session.path!r} failed: {reason(exc)}"
             session.done.set()
 
 

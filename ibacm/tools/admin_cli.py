@@ -164,7 +164,7 @@ def render(args: argparse.Namespace, result: Any) -> str:
 
 def render_capture(result: dict[str, Any]) -> str:
     figures = ", ".join(
-        f"{result[key]} {key}" for key in ("records", "dropped", "bytes") if key in result
+        f"{result[key]} {key}" for key in ("records", "dropped", "lost", "bytes") if key in result
     )
     if result.get("error"):
         figures += f"; error: {result['error']}"
@@ -195,6 +195,15 @@ def render_status(snapshot: dict[str, Any]) -> str:
             f"clients: {limits.get('connected', '?')} connected (at most "
             f"{limits.get('capacity', '?')}), refused {limits.get('refused_total', 0)} + "
             f"{limits.get('refused_user', 0)} per user"
+        )
+    log_state = daemon.get("log")
+    if isinstance(log_state, dict):
+        writing = log_state.get("writing_to")
+        lines.append(
+            f"log: {log_state.get('destination')}"
+            + (f" (writing to {writing})" if writing != log_state.get("destination") else "")
+            + f", {log_state.get('lost', 0)} line(s) lost"
+            + (f"; failing: {log_state.get('error')}" if log_state.get("failing") else "")
         )
     for port in snapshot.get("ports", []):
         shown = " ".join(

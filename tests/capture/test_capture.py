@@ -33,6 +33,7 @@ from ibacm.wire.acm_mad import AcmMad
 from ibacm.wire.mad import Method, RmppFlag, SaMad, build_path_get_table
 from ibacm.wire.path_record import PathRecord
 from tests.capture.traffic import GROUP0, REQUEST_TID, Exchange, acm_exchange, running
+from tests.fullfs import free, full_tmpfs
 
 WALL = 1_700_000_000.0
 
@@ -143,6 +144,7 @@ async def test_capture_starts_and_stops_at_run_time(
             "path": None,
             "records": 0,
             "dropped": 0,
+            "lost": 0,
             "bytes": 0,
         }
         recorder = Recorder()
@@ -334,3 +336,45 @@ async def test_the_tap_is_transparent(autojump_clock: trio.abc.Clock) -> None:
         event = await tap.wait_ip_event()
         assert event.added and str(event.address.address) == "10.9.9.9"
         await tap.aclose()
+
+
+async def written_or_lost(control: CaptureControl, count: int) -> None:
+    """Until the writer (in a thread) has dealt with ``count`` MADs."""
+    with trio.fail_after(10):
+        while control.status()["records"] + control.status()["lost"] < count:
+            await trio.sleep(0.001)
+
+
+@pytest.mark.trio
+async def test_a_full_disk_costs_records_not_the_capture(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world = SimWorld(generate(3))
+    with full_tmpfs(tmp_path / "full", room=4096) as full:
+        path = full / "acm.pcap"
+        async with running(world), capturing(world) as (tap, control):
+            with pytest.raises(CaptureError, match=r"cannot write capture file .*No space left"):
+                await control.start("/dev/full")  # not even the file header fits
+            await control.start(str(path))
+            for _ in range(6):  # 7 MADs of about 300 bytes each: more than 4 KiB
+                await acm_exchange(tap, world.fabric("node3"))
+            await written_or_lost(control, 6 * 7)
+            status = control.status()
+            assert status["active"] and status["lost"] > 0
+            assert "No space left on device" in status["error"]
+            kept = status["records"]
+            assert kept + status["lost"] == 6 * 7
+            # What is in the file is whole records only (a cut one was taken back out).
+            assert len(records(path)) == kept
+            free(full)
+            await acm_exchange(tap, world.fabric("node3"))
+            final = await control.stop()
+        assert final["records"] == kept + 7 and final["lost"] == status["lost"]
+        assert final["error"] is None
+        assert len(records(path)) == kept + 7
+        assert final["bytes"] == path.stat().st_size
+    err = capsys.readouterr().err
+    reports = [line for line in err.splitlines() if line.startswith("ibacm: cannot write ")]
+    assert len(reports) == 1 and "captured MAD(s) lost" in reports[0]
+    assert f"ibacm: writing {path} again" in err
+    assert "Traceback" not in err
