@@ -679,19 +679,16 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-def _remove_node_files(layout: Layout, name: str) -> int:
-    """Remove a stopped node's sockets and pid files; how many there were."""
-    removed = 0
+def _remove_node_files(layout: Layout, name: str, *, device_too: bool) -> None:
+    """Remove a stopped node's sockets and pid files (the emulated HCA's socket only once
+    its device process is gone too)."""
     node_dir = layout.node_dir(name)
     for filename in _REMOVABLE:
-        with contextlib.suppress(FileNotFoundError):
-            (node_dir / filename).unlink()
-            removed += 1
+        (node_dir / filename).unlink(missing_ok=True)
     if node_dir.is_dir():
         for leftover in node_dir.glob("*.sock"):
-            leftover.unlink(missing_ok=True)
-            removed += 1
-    return removed
+            if device_too or leftover.name != sim_kinds.EMU_SOCKET:
+                leftover.unlink(missing_ok=True)
 
 
 def _killed_note(killed: Sequence[str], grace: float) -> str:
@@ -728,7 +725,7 @@ async def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
     if hub_pid and await sim_procs.stop({int(hub_pid): _HUB_MARKER}, grace=grace):
         killed.append("the hub")
     for name in names:
-        _remove_node_files(layout, name)
+        _remove_node_files(layout, name, device_too=True)
     for path in (layout.hub_socket, layout.hub_pid, layout.pids):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -759,7 +756,7 @@ async def _stop_node(layout: Layout, node: str, *, grace: float) -> None:
         print(f"ibacm-sim: {node} was not running")
         return
     killed = await sim_procs.stop({daemon.pid: daemon.marker}, grace=grace)
-    _remove_node_files(layout, node)
+    _remove_node_files(layout, node, device_too=False)
     note = _killed_note([node], grace) if killed else ""
     print(f"ibacm-sim: stopped {node} (pid {daemon.pid}){note}")
 
@@ -793,7 +790,7 @@ async def _start_node(layout: Layout, node: str, *, timeout: float) -> None:
     except (KindError, NamespaceError) as exc:
         listener.close()
         raise SimToolError(str(exc)) from exc
-    _remove_node_files(layout, node)  # what a killed daemon left behind
+    _remove_node_files(layout, node, device_too=False)  # what a killed daemon left behind
     proc: subprocess.Popen[bytes] | None = None
     try:
         proc = _spawn(command, node_dir / "ibacm.out", env)

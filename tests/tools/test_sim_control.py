@@ -270,10 +270,11 @@ def test_up_help_says_c_nodes_run_with_systemd() -> None:
     assert "--c-ibacm" in text and "--systemd" in text and "server_mode unix" in text
 
 
-def test_server_mode_from_opts_does_not_reach_c_nodes(tmp_path: Path) -> None:
+def test_a_c_node_ignores_server_mode_and_restarts(tmp_path: Path) -> None:
     """node1 runs rdma-core's C ibacm: up warns that server_mode loop does not reach it, and
-    it indeed listens on its unix socket only while our node2 has its TCP port."""
-    require_peer("ib_acme")
+    it indeed listens on its unix socket only while our node2 has its TCP port. Restarted,
+    it finds its emulated HCA again (stop removed the device's socket)."""
+    ib_acme = require_peer("ib_acme")
     require_file(C_DAEMON)
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
@@ -296,6 +297,11 @@ def test_server_mode_from_opts_does_not_reach_c_nodes(tmp_path: Path) -> None:
         listening = {n["name"]: n["listening"] for n in report["nodes"]}
         assert not any(item.startswith("127.0.0.1:") for item in listening["node1"])
         assert any(item.startswith("127.0.0.1:") for item in listening["node2"])
+        restart = ibacm_sim("restart", "--dir", str(directory), "node1")
+        assert restart.returncode == 0, restart.stderr
+        c = Cluster(directory)
+        assert c.node("node1")["state"] == "running"
+        assert "return status 0x0" in resolve(ib_acme, c, "node1", "node2").stdout
     finally:
         ibacm_sim("down", "--dir", str(directory), "--grace", "2")
         shutil.rmtree(directory, ignore_errors=True)
