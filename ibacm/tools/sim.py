@@ -509,15 +509,16 @@ _DEVICE_WORDS = ("ibacm.fabric.emu.device",)
 
 
 def _matcher(
-    layout: Layout, names: Sequence[str], words: Sequence[str] = _DAEMON_WORDS
+    layout: Layout, names: Sequence[str], *, devices: bool = False
 ) -> Callable[[list[str]], str | None]:
-    """Which node of this cluster a command line is a daemon (or, with ``_DEVICE_WORDS``, a
-    device process) of: it gives the node's option file after ``-O``, or it names a known
-    program and the node's directory."""
+    """Which node of this cluster a command line is a daemon (or a device process) of: a
+    daemon's gives the node's option file after ``-O``; either names its program and the
+    node's directory."""
     dirs = {sim_procs.dir_marker(layout.node_dir(name)): name for name in names}
+    words = _DEVICE_WORDS if devices else _DAEMON_WORDS
 
     def match(argv: list[str]) -> str | None:
-        if words is _DAEMON_WORDS:
+        if not devices:
             for name in names:
                 if sim_procs.names_option_file(argv, layout.node_dir(name) / OPTS_FILE):
                     return name
@@ -550,8 +551,11 @@ def _find_daemons(
         node_dir = layout.node_dir(name)
         if pid and sim_procs.alive(pid, marker):
             found[name] = NodeDaemon(int(pid), marker, recorded=True)
-        elif holder := sim_procs.lock_holder(node_dir / LOCK_FILE, node_dir):
-            found[name] = NodeDaemon(holder, sim_procs.dir_marker(node_dir), recorded=False)
+        elif (holder := sim_procs.lock_holder(node_dir / LOCK_FILE)) and (
+            argv := sim_procs.cmdline(holder)
+        ):
+            # Its whole command line is the marker: it need not name the node's directory.
+            found[name] = NodeDaemon(holder, sim_procs.joined(argv), recorded=False)
     missing = [name for name in names if name not in found]
     if missing:
         for pid, name in sorted(sim_procs.scan(_matcher(layout, missing)).items()):
@@ -717,7 +721,7 @@ async def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
         if pid
     }
     device_names = {pid: f"{name} (device)" for name, pid in pids.get("devices", {}).items()}
-    for pid, name in sim_procs.scan(_matcher(layout, names, _DEVICE_WORDS)).items():
+    for pid, name in sim_procs.scan(_matcher(layout, names, devices=True)).items():
         devices.setdefault(pid, sim_procs.dir_marker(layout.node_dir(name)))
         device_names.setdefault(pid, f"{name} (device)")
     killed += [device_names[pid] for pid in await sim_procs.stop(devices, grace=grace)]

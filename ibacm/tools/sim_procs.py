@@ -1,7 +1,7 @@
 """The processes of an ``ibacm-sim`` cluster: which of them run, and stopping them.
 
 A node's daemon is the one ``up`` (or ``start``) recorded in ``pids.json``; failing that, the
-process its lock file names, or one whose command line gives the node's option file after
+process that holds its lock file, or one whose command line gives the node's option file after
 ``-O``: a daemon an operator restarted by hand. ``status`` shows such a daemon running, and
 ``stop``/``down`` stop it like any other.
 
@@ -42,7 +42,8 @@ def cmdline(pid: int) -> list[str] | None:
     return raw.decode(errors="replace").split("\0")[:-1] if raw else []
 
 
-def _joined(argv: Iterable[str]) -> str:
+def joined(argv: Iterable[str]) -> str:
+    """The command line as markers are matched against it."""
     # Every argument followed by a space: a marker "--sim-node node1 " never matches node10.
     return "".join(f"{arg} " for arg in argv)
 
@@ -66,7 +67,7 @@ def alive(pid: int | None, marker: str | None = None) -> bool:
         return True
     assert pid is not None
     argv = cmdline(pid)
-    return argv is not None and marker in _joined(argv)
+    return argv is not None and marker in joined(argv)
 
 
 def names_option_file(argv: list[str], opts: Path) -> bool:
@@ -78,14 +79,31 @@ def names_option_file(argv: list[str], opts: Path) -> bool:
     )
 
 
-def lock_holder(lock_file: Path, node_dir: Path) -> int | None:
-    """The running process the lock file names, if its command line names the node's
-    directory (a stale file's pid may have been reused by anything)."""
+def lock_holder(lock_file: Path) -> int | None:
+    """The running process that holds the POSIX lock on ``lock_file`` (ibacm's pid file,
+    ``lockf``'d by ours and by rdma-core's), from /proc/locks: the pid written in a stale
+    file may have been reused by anything."""
     try:
-        pid = int(lock_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        st = lock_file.stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
         return None
-    return pid if alive(pid, dir_marker(node_dir)) else None
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in table.splitlines():
+        # "1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"; a blocked waiter has "->" after
+        # the number.
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "POSIX":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            where = (int(major, 16), int(minor, 16), int(inode))
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if where == wanted and running(pid):
+            return pid
+    return None
 
 
 def dir_marker(node_dir: Path) -> str:

@@ -27,6 +27,7 @@ import pytest
 
 from ibacm import __version__
 from ibacm.fabric.sim.faults import Faults
+from ibacm.tools import sim_procs
 from tests.conftest import ibacm_sim, require_file, require_peer
 
 FAKE_DAEMON = Path(__file__).resolve().parent.parent / "fabric" / "fake_ibacm.py"
@@ -365,3 +366,26 @@ def test_output_into_a_closed_pipe_ends_quietly() -> None:
                 os.close(writer)
             assert done.stderr == "", (args, done.stderr)
             assert done.returncode == 141, args
+
+
+def test_a_lock_file_names_its_holder_not_a_stale_pid(tmp_path: Path) -> None:
+    """status, stop and down take a node's daemon from the lock it holds on ibacm.pid; the
+    pid written in a file no one holds may belong to anything by now."""
+    lock = tmp_path / "ibacm.pid"
+    lock.write_text(f"{os.getpid()}\n")  # stale: a live pid, but no lock
+    assert sim_procs.lock_holder(lock) is None
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+         "fcntl.lockf(fd, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+         str(lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        assert sim_procs.lock_holder(lock) == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sim_procs.lock_holder(lock) is None
+    assert sim_procs.lock_holder(tmp_path / "missing.pid") is None
