@@ -1149,6 +1149,22 @@ def default_daemon_cmd() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # What is still buffered goes now, so a reader gone fails here, not while the
+            # interpreter exits ("Exception ignored ... BrokenPipeError").
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Our reader went away (ibacm-sim stats --json | head): end quietly, with nothing
+        # left for the interpreter to fail flushing at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
@@ -1157,12 +1173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # Our reader went away (ibacm-sim stats --json | head): end quietly, with nothing
-        # left for the interpreter to fail flushing at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":

@@ -351,16 +351,21 @@ def test_hosts_routes_fault_and_stats_as_json() -> None:
         assert json.loads(c.sim("routes", "--json").stdout) == routes
 
 
-def test_output_into_a_closed_pipe_ends_quietly() -> None:
-    """``ibacm-sim stats --json | head``: the reader goes away, nothing is printed on stderr."""
+@pytest.mark.parametrize("buffered", [True, False])
+def test_output_into_a_closed_pipe_ends_quietly(buffered: bool) -> None:
+    """``ibacm-sim stats --json | head``: the reader goes away, nothing is printed on stderr,
+    whether the output fails as it is written or when the buffer is flushed at the end."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     with cluster(2) as c:
-        for args in (("stats", "--json"), ("routes", "--json"), ("status",)):
+        for args in (("stats", "--json"), ("routes", "--json"), ("status",), ("fault",)):
             reader, writer = os.pipe()
             os.close(reader)  # the reader is gone before anything is written
             try:
                 done = subprocess.run(
                     [sys.executable, "-m", "ibacm.tools.sim", *args, "--dir", str(c.directory)],
-                    stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60,
+                    stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60, env=env,
                 )  # fmt: skip
             finally:
                 os.close(writer)
