@@ -128,8 +128,8 @@ def test_down_kills_only_the_daemon_that_ignores_sigterm_and_says_so() -> None:
 
 
 def test_down_waits_while_daemons_keep_stopping() -> None:
-    """Each daemon takes longer than --grace to stop after SIGTERM, but one stops every
-    0.8 s: none is killed (a cluster stopping together shares the CPU; down SIGKILLed
+    """Together the daemons take longer than --grace to stop after SIGTERM, but one stops
+    every 1.5 s: none is killed (a cluster stopping together shares the CPU; down SIGKILLed
     daemons in the middle of a clean shutdown)."""
     with cluster(3) as c:
         pids = [c.pid(name) for name in ("node1", "node2", "node3")]
@@ -138,13 +138,13 @@ def test_down_waits_while_daemons_keep_stopping() -> None:
 
         def resume_one_by_one() -> None:
             for pid in pids:
-                time.sleep(0.8)
+                time.sleep(1.5)
                 os.kill(pid, signal.SIGCONT)
 
         resumer = threading.Thread(target=resume_one_by_one)
         resumer.start()
         try:
-            down = c.sim("down", "--grace", "1")
+            down = c.sim("down", "--grace", "3")
         finally:
             resumer.join()
         assert "stopped 3 node(s)" in down.stdout and "killed" not in down.stdout, down.stdout
@@ -159,7 +159,7 @@ def test_down_shows_progress_on_a_terminal() -> None:
         try:
             down = subprocess.run(
                 [sys.executable, "-m", "ibacm.tools.sim", "down", "--dir", str(c.directory),
-                 "--grace", "1"],
+                 "--grace", "3"],
                 stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120,
             )  # fmt: skip
             os.close(slave)
@@ -177,6 +177,7 @@ def test_down_shows_progress_on_a_terminal() -> None:
 # -- one node -----------------------------------------------------------------------------
 
 
+@pytest.mark.peer
 def test_stop_start_restart_a_node() -> None:
     ib_acme = require_peer("ib_acme")
     with cluster(3) as c:
@@ -213,6 +214,7 @@ def test_stop_start_restart_a_node() -> None:
         assert unknown.returncode == 1 and "node9" in unknown.stderr
 
 
+@pytest.mark.peer
 def test_status_shows_commands_and_a_daemon_started_by_hand() -> None:
     ib_acme = require_peer("ib_acme")
     with cluster(2) as c:
@@ -271,6 +273,7 @@ def test_up_help_says_c_nodes_run_with_systemd() -> None:
     assert "--c-ibacm" in text and "--systemd" in text and "server_mode unix" in text
 
 
+@pytest.mark.peer
 def test_a_c_node_ignores_server_mode_and_restarts(tmp_path: Path) -> None:
     """node1 runs rdma-core's C ibacm: up warns that server_mode loop does not reach it, and
     it indeed listens on its unix socket only while our node2 has its TCP port. Restarted,
@@ -311,6 +314,7 @@ def test_a_c_node_ignores_server_mode_and_restarts(tmp_path: Path) -> None:
 # -- JSON ---------------------------------------------------------------------------------
 
 
+@pytest.mark.peer
 def test_hosts_routes_fault_and_stats_as_json() -> None:
     ib_acme = require_peer("ib_acme")
     with cluster(3) as c:
