@@ -2,18 +2,20 @@
 
     ibacm-sim up --nodes N --dir DIR [--topology FILE] [--opts FILE] [--route-prot sa|acm] ...
     ibacm-sim status --dir DIR [--json]
-    ibacm-sim down --dir DIR
-    ibacm-sim hosts|routes --dir DIR          print ibacm_hosts.data / ibacm_route.data
-    ibacm-sim fault --dir DIR [NAME VALUE]    show or change faults (loss 0.1, sa_down on, ...)
+    ibacm-sim down --dir DIR [--grace S]
+    ibacm-sim stop|start|restart --dir DIR NODE   one node's daemon
+    ibacm-sim hosts|routes --dir DIR [--json]     print ibacm_hosts.data / ibacm_route.data
+    ibacm-sim fault --dir DIR [--json] [NAME VALUE]   show or change faults (loss 0.1, ...)
     ibacm-sim flap|port-down|port-up|set-lid|move-sm|reregister|stats --dir DIR ...
 
 The DIR contract: ``DIR/hub.sock`` (the fabric), ``DIR/hub.pid``, ``DIR/topology.json``,
-``DIR/pids.json`` (every process ``up`` started) and per node ``DIR/<node>/`` with
-``ibacm_opts.cfg``, ``ibacm_addr.cfg``, ``ibacm.log``, the lock file ``ibacm.pid``, the client
-socket ``ibacm-unix.sock`` and the admin socket ``ibacm-admin.sock``. ``up`` starts the hub
-and one daemon per node (``--daemon-cmd``, default ``ibacm``) and returns when every one of
-them has sent sd_notify ``READY=1``; ``down`` stops them (SIGTERM, then SIGKILL after a
-deadline) and removes every socket and pid file, keeping logs and configuration.
+``DIR/pids.json`` (every process ``up`` or ``start`` started) and per node ``DIR/<node>/``
+with ``ibacm_opts.cfg``, ``ibacm_addr.cfg``, ``ibacm.log``, the lock file ``ibacm.pid``, the
+client socket ``ibacm-unix.sock`` and the admin socket ``ibacm-admin.sock``. ``up`` starts the
+hub and one daemon per node (``--daemon-cmd``, default ``ibacm``) and returns when every one
+of them has sent sd_notify ``READY=1``; ``down`` stops them (``sim_procs``: SIGTERM, SIGKILL
+only for what does not stop) and removes every socket and pid file, keeping logs and
+configuration.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ process that holds its lock file, or one whose command line gives the node's opt
 ``-O``: a daemon an operator restarted by hand. ``status`` shows such a daemon running, and
 ``stop``/``down`` stop it like any other.
 
-Stopping sends SIGTERM to all, then waits for as long as they keep stopping: at least
+Stopping sends SIGTERM to each process once, then waits for as long as they keep stopping: at least
 ``grace`` seconds plus a little per process (hundreds of daemons shutting down together share
 the CPU, so the last one may need far more than ``grace``), and then until none has stopped
 for ``grace`` seconds. Only then are the ones still running sent SIGKILL, through a pidfd (a
@@ -26,7 +26,8 @@ import trio
 from ibacm.tools.sim_ready import Progress
 
 PER_PROCESS_WAIT = 0.1
-"""Seconds added to the wait for each process stopped together (shared CPU at shutdown)."""
+"""Seconds added to the wait for each process stopped together (shared CPU at shutdown):
+80 daemons sharing 2 busy cores took 3.2 s to stop, 0.04 s each."""
 
 _POLL = 0.05
 _KILL_WAIT = 5.0
@@ -39,7 +40,8 @@ def cmdline(pid: int) -> list[str] | None:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    return raw.decode(errors="replace").split("\0")[:-1] if raw else []
+    # Each argument ends with a NUL, unless the process rewrote its command line.
+    return raw.decode(errors="replace").rstrip("\0").split("\0") if raw else []
 
 
 def joined(argv: Iterable[str]) -> str:
