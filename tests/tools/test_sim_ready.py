@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -78,7 +80,10 @@ class Senders:
         argv += [str(self.serving(name)), str(self.give_up)]
         if wrapped:  # the notifier is a child of the started process (as under unshare + sh)
             argv = ["/bin/sh", "-c", '"$@"; exit $?', "wrapper", *argv]
-        self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL)
+        # A session of its own: stop() ends a wrapped sender's child with it.
+        self.procs[name] = subprocess.Popen(
+            argv, env=self.env, stdout=subprocess.DEVNULL, start_new_session=True
+        )
         return self.procs[name]
 
     def serving(self, name: str) -> Path:
@@ -102,7 +107,8 @@ class Senders:
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for proc in self.procs.values():
             proc.wait()
         self._lock.close()
