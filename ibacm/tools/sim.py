@@ -2,33 +2,34 @@
 
     ibacm-sim up --nodes N --dir DIR [--topology FILE] [--opts FILE] [--route-prot sa|acm] ...
     ibacm-sim status --dir DIR [--json]
-    ibacm-sim down --dir DIR
-    ibacm-sim hosts|routes --dir DIR          print ibacm_hosts.data / ibacm_route.data
-    ibacm-sim fault --dir DIR [NAME VALUE]    show or change faults (loss 0.1, sa_down on, ...)
+    ibacm-sim down --dir DIR [--grace S]
+    ibacm-sim stop|start|restart --dir DIR NODE   one node's daemon
+    ibacm-sim hosts|routes --dir DIR [--json]     print ibacm_hosts.data / ibacm_route.data
+    ibacm-sim fault --dir DIR [--json] [NAME VALUE]   show or change faults (loss 0.1, ...)
     ibacm-sim flap|port-down|port-up|set-lid|move-sm|reregister|stats --dir DIR ...
 
 The DIR contract: ``DIR/hub.sock`` (the fabric), ``DIR/hub.pid``, ``DIR/topology.json``,
-``DIR/pids.json`` (every process ``up`` started) and per node ``DIR/<node>/`` with
-``ibacm_opts.cfg``, ``ibacm_addr.cfg``, ``ibacm.log``, the lock file ``ibacm.pid``, the client
-socket ``ibacm-unix.sock`` and the admin socket ``ibacm-admin.sock``. ``up`` starts the hub
-and one daemon per node (``--daemon-cmd``, default ``ibacm``) and returns when every one of
-them has sent sd_notify ``READY=1``; ``down`` stops them (SIGTERM, then SIGKILL after a
-deadline) and removes every socket and pid file, keeping logs and configuration.
+``DIR/pids.json`` (every process ``up`` or ``start`` started) and per node ``DIR/<node>/``
+with ``ibacm_opts.cfg``, ``ibacm_addr.cfg``, ``ibacm.log``, the lock file ``ibacm.pid``, the
+client socket ``ibacm-unix.sock`` and the admin socket ``ibacm-admin.sock``. ``up`` starts the
+hub and one daemon per node (``--daemon-cmd``, default ``ibacm``) and returns when every one
+of them has sent sd_notify ``READY=1``; ``down`` stops them (``sim_procs``: SIGTERM, SIGKILL
+only for what does not stop) and removes every socket and pid file, keeping logs and
+configuration.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -37,17 +38,23 @@ from typing import Any
 
 import trio
 
-from ibacm.config.options import parse_options
+from ibacm import __version__
+from ibacm.config.errors import ConfigIssue
+from ibacm.config.hosts_file import parse_hosts_file
+from ibacm.config.options import ServerMode, parse_options
+from ibacm.config.route_file import parse_route_file
 from ibacm.fabric.api import FabricError
 from ibacm.fabric.sim.faults import Faults, FaultSettingError
 from ibacm.fabric.sim.hub import hub_call
 from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.tools import sim_exec, sim_kinds
+from ibacm.tools import sim_exec, sim_kinds, sim_procs
 from ibacm.tools.sim_kinds import KindError, NodeKind
 from ibacm.tools.sim_ns import NamespaceError
 from ibacm.tools.sim_ready import Progress, ReadyError, ReadyListener, ReadyWaiter
 from ibacm.tools.spawn import module_command
+from ibacm.wire.client import AddrType
+from ibacm.wire.path_record import gid_to_text
 
 CLIENT_SOCKET = "ibacm-unix.sock"
 ADMIN_SOCKET = "ibacm-admin.sock"
@@ -128,53 +135,12 @@ def _write_pids(layout: Layout, pids: dict[str, Any]) -> None:
 # -- processes ----------------------------------------------------------------------------
 
 
-def _alive(pid: int | None, marker: str | None = None) -> bool:
-    """``pid`` runs (not a zombie) and, if ``marker`` is given, has it in its command line."""
-    if not pid:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, UnicodeDecodeError):
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    if state in ("Z", "X"):
-        return False
-    return marker is None or marker in cmdline
-
-
 def _node_marker(node: str) -> str:
     # Every argument is followed by a space in the joined command line: node1 != node10.
     return f"--sim-node {node} "
 
 
 _HUB_MARKER = "ibacm.fabric.sim.hub"
-
-
-def _signal_all(pids: dict[int, str], sig: signal.Signals) -> None:
-    for pid, marker in pids.items():
-        if _alive(pid, marker):
-            # Each process was started in its own session: signal its whole group, so a
-            # --daemon-cmd wrapper takes the real daemon with it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-
-
-def _stop(pids: dict[int, str], deadline: float) -> list[int]:
-    """SIGTERM, wait until ``deadline`` (monotonic), SIGKILL the rest; returns those killed."""
-    _signal_all(pids, signal.SIGTERM)
-    while time.monotonic() < deadline:
-        if not any(_alive(pid, marker) for pid, marker in pids.items()):
-            return []
-        time.sleep(0.02)
-    stragglers = [pid for pid, marker in pids.items() if _alive(pid, marker)]
-    _signal_all({pid: pids[pid] for pid in stragglers}, signal.SIGKILL)
-    end = time.monotonic() + 5
-    while time.monotonic() < end and any(_alive(pid, pids[pid]) for pid in stragglers):
-        time.sleep(0.02)
-    return stragglers
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -358,9 +324,24 @@ def _node_serving(layout: Layout, kind: NodeKind, node: str) -> bool:
     return kind is NodeKind.C or _connectable(layout.admin_socket(node))
 
 
+def _warn_c_server_mode(kinds: dict[str, NodeKind], extra: str) -> None:
+    """The C daemon runs with --systemd, which forces unix mode whatever its options say."""
+    c_nodes = [node for node, kind in kinds.items() if kind is NodeKind.C]
+    if not c_nodes or not extra:
+        return
+    mode = parse_options(extra, "--opts")[0].server_mode
+    if mode is not ServerMode.UNIX:
+        print(
+            f"ibacm-sim: warning: server_mode {mode.name.lower()} (--opts) does not reach the "
+            f"--c-ibacm node(s) {','.join(c_nodes)}: rdma-core's ibacm runs with --systemd, "
+            "which forces server_mode unix",
+            file=sys.stderr,
+        )
+
+
 async def _up(args: argparse.Namespace) -> int:
     layout = Layout(Path(args.dir).resolve())
-    if layout.root.exists() and _alive(_read_pids(layout).get("hub"), _HUB_MARKER):
+    if layout.root.exists() and sim_procs.alive(_read_pids(layout).get("hub"), _HUB_MARKER):
         raise SimToolError(f"{layout.root} is already up; run: ibacm-sim down --dir {args.dir}")
     topology = _load_topology(args)
     faults = _initial_faults(args)
@@ -379,6 +360,7 @@ async def _up(args: argparse.Namespace) -> int:
         library = sim_kinds.check_support(kinds)
     except KindError as exc:
         raise SimToolError(str(exc)) from exc
+    _warn_c_server_mode(kinds, extra)
     layout.root.mkdir(parents=True, exist_ok=True)
     _check_paths(layout, nodes)
     layout.topology.write_text(topology.to_json())
@@ -451,7 +433,7 @@ async def _up(args: argparse.Namespace) -> int:
         await _await_ready(daemons, logs, timeout)
     except BaseException:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(partial(_down, layout, grace=2.0, quiet=True))
+            await _down(layout, grace=2.0, quiet=True)
         raise
     finally:
         listener.close()
@@ -510,9 +492,88 @@ def _serving(node_dir: Path) -> bool:
 def _state(pid: int | None, marker: str, serving: Callable[[], bool]) -> str:
     if not pid:
         return "down"
-    if not _alive(pid, marker):
+    if not sim_procs.alive(pid, marker):
         return "stopped"
     return "running" if serving() else "starting"
+
+
+@dataclass(frozen=True)
+class NodeDaemon:
+    """A node's running daemon; ``recorded`` if it is the one ``up``/``start`` started."""
+
+    pid: int
+    marker: str
+    recorded: bool
+
+
+_DAEMON_WORDS = ("ibacm.core.cli", "/usr/sbin/ibacm")
+_DEVICE_WORDS = ("ibacm.fabric.emu.device",)
+
+
+def _matcher(
+    layout: Layout, names: Sequence[str], *, devices: bool = False
+) -> Callable[[list[str]], str | None]:
+    """Which node of this cluster a command line is a daemon (or a device process) of: a
+    daemon's gives the node's option file after ``-O``; either names its program and the
+    node's directory."""
+    dirs = {sim_procs.dir_marker(layout.node_dir(name)): name for name in names}
+    words = _DEVICE_WORDS if devices else _DAEMON_WORDS
+
+    def match(argv: list[str]) -> str | None:
+        if not devices:
+            for name in names:
+                if sim_procs.names_option_file(argv, layout.node_dir(name) / OPTS_FILE):
+                    return name
+        joined = " ".join(argv) + " "
+        if any(word in joined for word in words):
+            return next((name for marker, name in dirs.items() if marker in joined), None)
+        return None
+
+    return match
+
+
+def _node_names(layout: Layout, pids: dict[str, Any]) -> list[str]:
+    """Every node this cluster has: in pids.json or in its topology."""
+    names = dict.fromkeys(pids.get("nodes", {}))
+    with contextlib.suppress(FileNotFoundError, TopologyError):
+        names.update(dict.fromkeys(Topology.from_json(layout.topology.read_text()).host_names))
+    return list(names)
+
+
+def _find_daemons(
+    layout: Layout, pids: dict[str, Any], names: Sequence[str]
+) -> dict[str, NodeDaemon]:
+    """Each node's running daemon: the recorded one, else its lock file's holder, else one
+    whose command line says it is that node's (an operator restarted it by hand)."""
+    recorded = pids.get("nodes", {})
+    markers = pids.get("markers", {})
+    found: dict[str, NodeDaemon] = {}
+    for name in names:
+        pid, marker = recorded.get(name), markers.get(name, _node_marker(name))
+        node_dir = layout.node_dir(name)
+        if pid and sim_procs.alive(pid, marker):
+            found[name] = NodeDaemon(int(pid), marker, recorded=True)
+        elif (holder := sim_procs.lock_holder(node_dir / LOCK_FILE)) and (
+            argv := sim_procs.cmdline(holder)
+        ):
+            # Its whole command line is the marker: it need not name the node's directory.
+            found[name] = NodeDaemon(holder, sim_procs.joined(argv), recorded=False)
+    missing = [name for name in names if name not in found]
+    if missing:
+        for pid, name in sorted(sim_procs.scan(_matcher(layout, missing)).items()):
+            marker = sim_procs.dir_marker(layout.node_dir(name))
+            found.setdefault(name, NodeDaemon(pid, marker, recorded=False))
+    return found
+
+
+def _start_command(layout: Layout, pids: dict[str, Any], node: str) -> list[str] | None:
+    """The command ``start`` runs for ``node``; None where it cannot be built here."""
+    kind = NodeKind(sim_kinds.kinds_of(pids).get(node, NodeKind.SIM.value))
+    daemon_cmd = pids.get("daemon_cmd") or shlex.split(default_daemon_cmd())
+    try:
+        return _node_command(layout, node, kind, [str(arg) for arg in daemon_cmd])[0]
+    except NamespaceError:
+        return None
 
 
 def status_report(layout: Layout) -> dict[str, Any]:
@@ -535,11 +596,20 @@ def status_report(layout: Layout) -> dict[str, Any]:
     }
     node_pids = pids.get("nodes", {})
     kinds = sim_kinds.kinds_of(pids)
-    markers = pids.get("markers", {})
+    daemons = _find_daemons(layout, pids, topology.host_names)
     for host in topology.hosts:
         ports = [(hca, p) for hca in host.hcas for p in hca.ports if p.lid]
         first = ports[0][1] if ports else None
-        pid = node_pids.get(host.name)
+        daemon = daemons.get(host.name)
+        node_dir = layout.node_dir(host.name)
+        if daemon is not None:
+            pid: int | None = daemon.pid
+            state = "running" if _serving(node_dir) else "starting"
+            command = sim_procs.cmdline(daemon.pid)
+        else:
+            pid = node_pids.get(host.name)
+            state = "stopped" if pid else "down"
+            command = _start_command(layout, pids, host.name)
         report["nodes"].append(
             {
                 "name": host.name,
@@ -550,15 +620,15 @@ def status_report(layout: Layout) -> dict[str, Any]:
                 "devices": [hca.name for hca in host.hcas],
                 "socket": str(layout.client_socket(host.name)),
                 "admin_socket": str(layout.admin_socket(host.name)),
-                "log": str(layout.node_dir(host.name) / LOG_FILE),
+                "log": str(node_dir / LOG_FILE),
                 "kind": kinds.get(host.name, NodeKind.SIM.value),
                 "pid": pid,
-                "state": _state(
-                    pid,
-                    markers.get(host.name, _node_marker(host.name)),
-                    partial(_serving, layout.node_dir(host.name)),
-                ),
-                "listening": _listening(layout.node_dir(host.name)),
+                "state": state,
+                # False: not the daemon up/start started (one restarted by hand).
+                "started_by_sim": daemon.recorded if daemon is not None else None,
+                # The running daemon's command line, or the one start would run.
+                "command": command,
+                "listening": _listening(node_dir),
             }
         )
     return report
@@ -592,6 +662,15 @@ def _print_status(report: dict[str, Any]) -> None:
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         print("  ".join([*cells, row[-1]]))
+    # Commands are long: one line each, below the table.
+    width = max((len(node["name"]) for node in report["nodes"]), default=0)
+    for node in report["nodes"]:
+        running = node["state"] in ("running", "starting")
+        label = "runs" if running else "starts with"
+        if not node["started_by_sim"] and running:
+            label = "runs (started by hand)"
+        command = shlex.join(node["command"]) if node["command"] is not None else "-"
+        print(f"{node['name'].ljust(width)}  {label}: {command}")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -606,80 +685,144 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-_DAEMON_WORDS = ("ibacm.core.cli", "/usr/sbin/ibacm")
-_DEVICE_WORDS = ("ibacm.fabric.emu.device",)
+def _remove_node_files(layout: Layout, name: str, *, device_too: bool) -> None:
+    """Remove a stopped node's sockets and pid files (the emulated HCA's socket only once
+    its device process is gone too)."""
+    node_dir = layout.node_dir(name)
+    for filename in _REMOVABLE:
+        (node_dir / filename).unlink(missing_ok=True)
+    if node_dir.is_dir():
+        for leftover in node_dir.glob("*.sock"):
+            if device_too or leftover.name != sim_kinds.EMU_SOCKET:
+                leftover.unlink(missing_ok=True)
 
 
-def _daemons_by_run_dir(
-    layout: Layout, names: Sequence[str], words: Sequence[str] = _DAEMON_WORDS
-) -> dict[int, str]:
-    """Daemons (or, with ``_DEVICE_WORDS``, device processes) of this cluster that
-    ``pids.json`` does not know, e.g. one an operator restarted by hand: found by a node
-    directory in their command line."""
-    found: dict[int, str] = {}
-    node_dirs = [f"{layout.node_dir(name)}/" for name in names]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), os.getppid()):
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if not any(word in cmdline for word in words):
-            continue
-        marker = next((d for d in node_dirs if d in cmdline), None)
-        if marker is not None:
-            found[int(entry.name)] = marker
-    return found
+def _killed_note(killed: Sequence[str], grace: float) -> str:
+    if not killed:
+        return ""
+    return f"; killed {len(killed)} still running {grace:g}+ s after SIGTERM: " + ", ".join(killed)
 
 
-def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
+async def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
     pids = _read_pids(layout)
-    markers = pids.get("markers", {})
-    nodes = {
-        int(pid): markers.get(name, _node_marker(name))
-        for name, pid in pids.get("nodes", {}).items()
-        if pid
+    names = _node_names(layout, pids)
+    daemons: dict[int, tuple[str, str]] = {
+        d.pid: (name, d.marker) for name, d in _find_daemons(layout, pids, names).items()
     }
-    known = set(pids.get("nodes", {}))
-    with contextlib.suppress(FileNotFoundError, TopologyError):
-        known |= set(Topology.from_json(layout.topology.read_text()).host_names)
-    for pid, marker in _daemons_by_run_dir(layout, sorted(known)).items():
-        nodes.setdefault(pid, marker)
-    killed = _stop(nodes, time.monotonic() + grace)
+    for pid, name in sim_procs.scan(_matcher(layout, names)).items():  # duplicates too
+        daemons.setdefault(pid, (name, sim_procs.dir_marker(layout.node_dir(name))))
+    progress = None if quiet else Progress(sys.stderr, "nodes", verb="stopped")
+    killed_pids = await sim_procs.stop(
+        {pid: marker for pid, (_name, marker) in daemons.items()}, grace=grace, progress=progress
+    )
+    killed = [daemons[pid][0] for pid in killed_pids]
     # Devices only once their daemons are gone: a daemon closing its QPs still needs them.
     devices = {
         int(pid): sim_kinds.device_marker(name)
         for name, pid in pids.get("devices", {}).items()
         if pid
     }
-    for pid, marker in _daemons_by_run_dir(layout, sorted(known), _DEVICE_WORDS).items():
-        devices.setdefault(pid, marker)
-    killed += _stop(devices, time.monotonic() + grace)
+    device_names = {pid: f"{name} (device)" for name, pid in pids.get("devices", {}).items()}
+    for pid, name in sim_procs.scan(_matcher(layout, names, devices=True)).items():
+        devices.setdefault(pid, sim_procs.dir_marker(layout.node_dir(name)))
+        device_names.setdefault(pid, f"{name} (device)")
+    killed += [device_names[pid] for pid in await sim_procs.stop(devices, grace=grace)]
     hub_pid = pids.get("hub")
-    if hub_pid:
-        killed += _stop({int(hub_pid): _HUB_MARKER}, time.monotonic() + grace)
-    removed = 0
-    names = set(pids.get("nodes", {}))
-    with contextlib.suppress(FileNotFoundError, TopologyError):
-        names |= set(Topology.from_json(layout.topology.read_text()).host_names)
+    if hub_pid and await sim_procs.stop({int(hub_pid): _HUB_MARKER}, grace=grace):
+        killed.append("the hub")
     for name in names:
-        node_dir = layout.node_dir(name)
-        for filename in _REMOVABLE:
-            with contextlib.suppress(FileNotFoundError):
-                (node_dir / filename).unlink()
-                removed += 1
-        if node_dir.is_dir():
-            for leftover in node_dir.glob("*.sock"):
-                leftover.unlink(missing_ok=True)
-                removed += 1
+        _remove_node_files(layout, name, device_too=True)
     for path in (layout.hub_socket, layout.hub_pid, layout.pids):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-            removed += 1
     if not quiet:
-        note = f", SIGKILLed {len(killed)}" if killed else ""
-        print(f"ibacm-sim: stopped {len(nodes)} node(s) and the hub in {layout.root}{note}")
+        print(
+            f"ibacm-sim: stopped {len(daemons)} node(s) and the hub in {layout.root}"
+            + _killed_note(killed, grace)
+        )
+    return 0
+
+
+# -- one node -----------------------------------------------------------------------------
+
+
+def _cluster_node(layout: Layout, node: str) -> Topology:
+    try:
+        topology = Topology.from_json(layout.topology.read_text())
+    except FileNotFoundError as exc:
+        raise SimToolError(f"{layout.root} holds no simulated cluster (no topology.json)") from exc
+    topology.host(node)  # TopologyError names an unknown node
+    return topology
+
+
+async def _stop_node(layout: Layout, node: str, *, grace: float) -> None:
+    _cluster_node(layout, node)
+    daemon = _find_daemons(layout, _read_pids(layout), [node]).get(node)
+    if daemon is None:
+        print(f"ibacm-sim: {node} was not running")
+        return
+    killed = await sim_procs.stop({daemon.pid: daemon.marker}, grace=grace)
+    _remove_node_files(layout, node, device_too=False)
+    note = _killed_note([node], grace) if killed else ""
+    print(f"ibacm-sim: stopped {node} (pid {daemon.pid}){note}")
+
+
+async def _start_node(layout: Layout, node: str, *, timeout: float) -> None:
+    _cluster_node(layout, node)
+    pids = _read_pids(layout)
+    if not sim_procs.alive(pids.get("hub"), _HUB_MARKER):
+        raise SimToolError(f"{layout.root} is not up (its hub is not running); use: ibacm-sim up")
+    running = _find_daemons(layout, pids, [node]).get(node)
+    if running is not None:
+        raise SimToolError(f"{node} is already running (pid {running.pid})")
+    kind = NodeKind(sim_kinds.kinds_of(pids).get(node, NodeKind.SIM.value))
+    node_dir = layout.node_dir(node)
+    listener = ReadyListener()
+    listener.bind()
+    env = dict(os.environ, NOTIFY_SOCKET=listener.name, PYTHONUNBUFFERED="1")
+    try:
+        if kind.emulated:
+            device = pids.get("devices", {}).get(node)
+            if not sim_procs.alive(device, sim_kinds.device_marker(node)):
+                raise SimToolError(
+                    f"{node}'s emulated HCA (its device process) is not running; "
+                    "restart the cluster (down, up)"
+                )
+            env = sim_kinds.emulated_env(env, sim_kinds.check_emulation_library(), node_dir)
+        daemon_cmd = [str(arg) for arg in pids.get("daemon_cmd") or []]
+        command, marker = _node_command(
+            layout, node, kind, daemon_cmd or shlex.split(default_daemon_cmd())
+        )
+    except (KindError, NamespaceError) as exc:
+        listener.close()
+        raise SimToolError(str(exc)) from exc
+    _remove_node_files(layout, node, device_too=False)  # what a killed daemon left behind
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        proc = _spawn(command, node_dir / "ibacm.out", env)
+        pids = _read_pids(layout)  # as fresh as can be: another node may have started
+        pids.setdefault("nodes", {})[node] = proc.pid
+        pids.setdefault("markers", {})[node] = marker
+        _write_pids(layout, pids)
+        waiter = _waiter(listener, node, serving=lambda n: _node_serving(layout, kind, n))
+        waiter.add(node, proc)
+        await _await_ready(waiter, {node: [node_dir / LOG_FILE, node_dir / "ibacm.out"]}, timeout)
+    except BaseException:
+        if proc is not None:
+            with trio.CancelScope(shield=True):
+                await sim_procs.stop({proc.pid: marker}, grace=2.0)
+        raise
+    finally:
+        listener.close()
+    print(f"ibacm-sim: started {node} (pid {proc.pid})")
+
+
+async def _node_command_run(args: argparse.Namespace) -> int:
+    layout = Layout(Path(args.dir).resolve())
+    if args.command in ("stop", "restart"):
+        await _stop_node(layout, args.node, grace=args.grace)
+    if args.command in ("start", "restart"):
+        await _start_node(layout, args.node, timeout=args.timeout)
     return 0
 
 
@@ -704,17 +847,60 @@ def _offline_world(args: argparse.Namespace) -> SimWorld:
 
 def _hub_is_up(args: argparse.Namespace) -> bool:
     layout = Layout(Path(args.dir).resolve())
-    return _alive(_read_pids(layout).get("hub"), _HUB_MARKER)
+    return sim_procs.alive(_read_pids(layout).get("hub"), _HUB_MARKER)
 
 
 def _text_command(args: argparse.Namespace, op: str) -> int:
     if _hub_is_up(args):
-        text = _hub(args, {"op": op})
+        text = str(_hub(args, {"op": op}))
     else:
         world = _offline_world(args)
         text = world.hosts_file() if op == "hosts" else world.route_dump()
-    sys.stdout.write(str(text))
+    if not args.json:
+        sys.stdout.write(text)
+    elif op == "hosts":
+        _print_json(_hosts_json(text))
+    else:
+        _print_json(_routes_json(text))
     return 0
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=1))
+
+
+def _parsed(issues: Sequence[ConfigIssue], what: str) -> None:
+    # The text comes from the fabric itself: an issue is a bug, not something to skip quietly.
+    if issues:
+        raise SimToolError(f"the fabric's {what} does not parse: {issues[0]}")
+
+
+def _hosts_json(text: str) -> list[dict[str, Any]]:
+    """``ibacm_hosts.data`` as the daemon reads it: address, its type, GID."""
+    entries, issues = parse_hosts_file(text, "hosts")
+    _parsed(issues, "hosts file")
+    return [
+        {"address": e.address, "type": AddrType(e.type).name, "gid": gid_to_text(e.gid)}
+        for e in entries
+    ]
+
+
+def _routes_json(text: str) -> list[dict[str, Any]]:
+    """The path record dump as the daemon reads it: one entry per source port."""
+    dump, issues = parse_route_file(text, "routes")
+    _parsed(issues, "route dump")
+    return [
+        {
+            "node_type": section.node_type,
+            "guid": f"0x{section.guid:016x}",
+            "lid": section.lid,
+            "description": section.description,
+            "port": section.port,
+            "paths": [dataclasses.asdict(path) for path in section.paths],
+            "unreachable": list(section.unreachable),
+        }
+        for section in dump.sections
+    ]
 
 
 def _fault(args: argparse.Namespace) -> int:
@@ -723,22 +909,33 @@ def _fault(args: argparse.Namespace) -> int:
         if args.value is None:
             raise SimToolError(f"fault {args.name} needs a value")
         request["set"] = {args.name: args.value}
-    for name, value in _hub(args, request).items():
+    faults = _hub(args, request)
+    if args.json:
+        _print_json(faults)
+        return 0
+    for name, value in faults.items():
         print(f"{name} {value}")
     return 0
 
 
 def _stats(args: argparse.Namespace) -> int:
     report = _hub(args, {"op": "stats"})
+    # The hub answers [class, method, attribute, count] lists; people and scripts get names.
+    counters = [
+        {"class": c, "method": m, "attribute": a, "count": n} for c, m, a, n in report["counters"]
+    ]
     if args.json:
-        print(json.dumps(report, indent=1))
+        _print_json({**report, "counters": counters})
         return 0
     print(
         f"SM LID {report['sm_lid']}, SA queue {report['sa_queue']}, "
         f"connected {len(report['connected'])}"
     )
-    for mgmt_class, method, attr, count in report["counters"]:
-        print(f"class 0x{mgmt_class:02x} method 0x{method:02x} attr 0x{attr:04x}  {count}")
+    for counter in counters:
+        print(
+            f"class 0x{counter['class']:02x} method 0x{counter['method']:02x} "
+            f"attr 0x{counter['attribute']:04x}  {counter['count']}"
+        )
     for name, count in sorted(report["stats"].items()):
         print(f"{name} {count}")
     return 0
@@ -777,6 +974,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ibacm-sim",
         description="Rehearse an InfiniBand cluster: a simulated fabric with one ibacm per node.",
     )
+    parser.add_argument("--version", action="version", version=f"ibacm-sim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start the fabric and one ibacm per node")
@@ -806,7 +1004,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--c-ibacm",
         metavar="LIST",
-        help="comma-separated nodes that run rdma-core's unmodified C ibacm on an emulated HCA",
+        help="comma-separated nodes that run rdma-core's unmodified C ibacm on an emulated HCA; "
+        "it runs with --systemd, which forces server_mode unix (a server_mode in --opts does "
+        "not reach these nodes)",
     )
     up.add_argument(
         "--hw",
@@ -828,9 +1028,28 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")
 
+    grace_help = (
+        "SIGKILL what still runs once none has stopped for this many seconds, and at least "
+        f"this plus {sim_procs.PER_PROCESS_WAIT:g} s per process after SIGTERM (default 10)"
+    )
     down = sub.add_parser("down", help="stop everything and remove sockets and pid files")
     down.add_argument("--dir", required=True)
-    down.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
+    down.add_argument("--grace", type=float, default=10.0, help=grace_help)
+
+    for name, text in (
+        ("stop", "stop one node's daemon (SIGTERM, then SIGKILL)"),
+        ("start", "start one node's daemon again, as up started it"),
+        ("restart", "stop one node's daemon and start it again"),
+    ):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("--dir", required=True)
+        command.add_argument("node")
+        if name != "start":
+            command.add_argument("--grace", type=float, default=10.0, help=grace_help)
+        if name != "stop":
+            command.add_argument(
+                "--timeout", type=float, default=60.0, help="seconds to wait for READY=1"
+            )
 
     for name, text in (
         ("hosts", "print ibacm_hosts.data for the fabric"),
@@ -838,6 +1057,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         command = sub.add_parser(name, help=text)
         command.add_argument("--dir", required=True)
+        command.add_argument("--json", action="store_true")
 
     fault = sub.add_parser(
         "fault",
@@ -845,6 +1065,7 @@ def build_parser() -> argparse.ArgumentParser:
         "delay, sa_busy, sa_down, sa_service_time, sa_queue_limit",
     )
     fault.add_argument("--dir", required=True)
+    fault.add_argument("--json", action="store_true")
     fault.add_argument("name", nargs="?")
     fault.add_argument("value", nargs="?")
 
@@ -898,7 +1119,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "status":
         return _status(args)
     if command == "down":
-        return _down(Layout(Path(args.dir).resolve()), grace=args.grace)
+        return trio.run(partial(_down, Layout(Path(args.dir).resolve()), grace=args.grace))
+    if command in ("stop", "start", "restart"):
+        return trio.run(_node_command_run, args)
     if command in ("hosts", "routes"):
         return _text_command(args, command)
     if command == "fault":
@@ -930,6 +1153,22 @@ def default_daemon_cmd() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # What is still buffered goes now, so a reader gone fails here, not while the
+            # interpreter exits ("Exception ignored ... BrokenPipeError").
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Our reader went away (ibacm-sim stats --json | head): end quietly, with nothing
+        # left for the interpreter to fail flushing at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)

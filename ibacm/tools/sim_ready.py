@@ -15,7 +15,7 @@ long enough for the first daemons to give up), and a node whose READY=1 was lost
 still counts once it serves.
 
 ``Readiness`` is the bookkeeping (no I/O; the parent lookup is passed in); ``ReadyWaiter``
-runs it against real processes as they are started; ``Progress`` shows n/N on a terminal.
+runs it against real processes as they are started; ``Progress`` shows n/N on stderr.
 """
 
 from __future__ import annotations
@@ -182,33 +182,69 @@ class ReadyListener:
         self.sock.close()
 
 
-class Progress:
-    """``n/N ready`` on one rewritten line of a terminal; silent when not a terminal."""
+LINE_INTERVAL = 3.0
+"""Seconds between progress lines when stderr is not a terminal (a log, a pipe)."""
 
-    def __init__(self, stream: TextIO, what: str, *, interval: float = 0.2) -> None:
+
+class Progress:
+    """``n/N ready`` (or another ``verb``) as work advances.
+
+    On a terminal one line, rewritten at most every ``interval`` seconds; otherwise a line of
+    its own every ``line_interval`` seconds, changed or not (a quick run prints nothing), and
+    the final count if any line was printed: a long ``up`` or ``down`` in a log is seen to
+    advance, or to wait.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        what: str,
+        *,
+        verb: str = "ready",
+        interval: float = 0.2,
+        line_interval: float = LINE_INTERVAL,
+    ) -> None:
         self.stream = stream
         self.what = what
-        self.interval = interval
-        self.enabled = stream.isatty()
+        self.verb = verb
+        self.tty = stream.isatty()
+        self.interval = interval if self.tty else line_interval
         self._shown: tuple[int, int] | None = None
-        self._last = -interval
+        self._last: float | None = None
+        self._lines = 0
+
+    def _text(self, done: int, total: int) -> str:
+        return f"ibacm-sim: {self.what} {done}/{total} {self.verb}"
 
     def update(self, done: int, total: int, *, force: bool = False) -> None:
-        if not self.enabled or (done, total) == self._shown:
-            return
         now = trio.current_time()
-        if not force and done < total and now - self._last < self.interval:
+        if self.tty:
+            if (done, total) == self._shown:
+                return
+            due = self._last is None or force or done >= total or now - self._last >= self.interval
+            if due:
+                self.stream.write(f"\r\x1b[K{self._text(done, total)}")
+                self.stream.flush()
+                self._shown, self._last = (done, total), now
             return
-        self._shown, self._last = (done, total), now
-        self.stream.write(f"\r\x1b[Kibacm-sim: {self.what} {done}/{total} ready")
-        self.stream.flush()
+        if self._last is None:
+            self._last = now  # the first line comes one interval after the start
+            return
+        # Unchanged counts are printed again: a line every few seconds shows it still waits.
+        if now - self._last >= self.interval or (
+            force and self._lines and (done, total) != self._shown
+        ):
+            self.stream.write(self._text(done, total) + "\n")
+            self.stream.flush()
+            self._shown, self._last = (done, total), now
+            self._lines += 1
 
     def finish(self) -> None:
         """End the progress line, so what follows starts on a line of its own."""
-        if self.enabled and self._shown is not None:
+        if self.tty and self._shown is not None:
             self.stream.write("\n")
             self.stream.flush()
-            self._shown = None
+        self._shown, self._last, self._lines = None, None, 0
 
 
 class ReadyError(Exception):

@@ -93,7 +93,10 @@ def _counters(root: Path) -> dict[tuple[int, int, int], int]:
     done = _sim("stats", "--dir", str(root), "--json")
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
-    return {(c, m, a): n for c, m, a, n in json.loads(done.stdout)["counters"]}
+    return {
+        (k["class"], k["method"], k["attribute"]): k["count"]
+        for k in json.loads(done.stdout)["counters"]
+    }
 
 
 def _peak_rss_mb(pid: int) -> float:

@@ -146,10 +146,11 @@ def counters(cluster: Cluster, node: str) -> dict[str, int]:
 def mad_counts(cluster: Cluster) -> dict[str, int]:
     """The hub's MAD counters, keyed as ``ibacm-sim stats`` prints them."""
     stats = json.loads(cluster.sim("stats", "--json"))
-    return {
-        f"class 0x{c:02x} method 0x{m:02x} attr 0x{a:04x}": int(n)
-        for c, m, a, n in stats["counters"]
-    }
+    counts = {}
+    for k in stats["counters"]:
+        key = f"class 0x{k['class']:02x} method 0x{k['method']:02x} attr 0x{k['attribute']:04x}"
+        counts[key] = int(k["count"])
+    return counts
 
 
 def kinds(cluster: Cluster) -> dict[str, str]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from ibacm.tools.sim_ready import (
+    LINE_INTERVAL,
     Progress,
     Readiness,
     ReadyError,
@@ -76,7 +80,10 @@ class Senders:
         argv += [str(self.serving(name)), str(self.give_up)]
         if wrapped:  # the notifier is a child of the started process (as under unshare + sh)
             argv = ["/bin/sh", "-c", '"$@"; exit $?', "wrapper", *argv]
-        self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL)
+        # A session of its own: stop() ends a wrapped sender's child with it.
+        self.procs[name] = subprocess.Popen(
+            argv, env=self.env, stdout=subprocess.DEVNULL, start_new_session=True
+        )
         return self.procs[name]
 
     def serving(self, name: str) -> Path:
@@ -100,7 +107,8 @@ class Senders:
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for proc in self.procs.values():
             proc.wait()
         self._lock.close()
@@ -284,3 +292,33 @@ def test_a_message_before_its_process_is_named_still_counts() -> None:
     state.add("node3", 300)
     assert state.ready == {"node2": "notify", "node3": "notify"}
     assert state.pending() == ["node1"]
+
+
+@pytest.mark.trio
+async def test_progress_prints_a_line_every_few_seconds_without_a_terminal(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """In a log or a pipe: nothing for a quick run, else a line every LINE_INTERVAL seconds
+    (changed or not: it shows the wait goes on) and the final count."""
+    quick = io.StringIO()
+    progress = Progress(quick, "nodes", verb="stopped")
+    for done in range(4):
+        progress.update(done, 3)
+        mock_clock.jump(0.5)
+    progress.update(3, 3, force=True)
+    progress.finish()
+    assert quick.getvalue() == ""
+
+    slow = io.StringIO()
+    progress = Progress(slow, "nodes")
+    progress.update(0, 4)
+    for done in (1, 1, 1, 3):
+        mock_clock.jump(LINE_INTERVAL / 2)
+        progress.update(done, 4)
+    progress.update(4, 4, force=True)
+    progress.finish()
+    assert slow.getvalue().splitlines() == [
+        "ibacm-sim: nodes 1/4 ready",
+        "ibacm-sim: nodes 3/4 ready",
+        "ibacm-sim: nodes 4/4 ready",
+    ]
