@@ -416,13 +416,19 @@ class _Setting:
     value: str
     line: int
     sink: IssueSink
+    invalid: bool = False
 
     def warn(self, message: str) -> None:
         self.sink.warn(self.line, f"{self.key} {message}")
 
     def error(self, message: str) -> None:
-        """An invalid value: the daemon does not start with it, a reload is refused."""
-        self.sink.error(self.line, f"{self.key} {message}")
+        """An invalid value: the daemon does not start with it, a reload is refused.
+
+        Only the first error of a line is kept: the checks after it judge the value the
+        first one made up ("banana" read as 0), which the line never said."""
+        if not self.invalid:
+            self.invalid = True
+            self.sink.error(self.line, f"{self.key} {message}")
 
     def c_int(self) -> int:
         """The value as C ``atoi`` reads it; an error when that is not the number written."""

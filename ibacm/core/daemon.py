@@ -32,7 +32,7 @@ import ibacm
 from ibacm import __version__
 from ibacm.config.addr_file import AddrEntry, parse_addr_file
 from ibacm.config.address_literals import classify
-from ibacm.config.errors import ConfigError, ConfigIssue, errors_in
+from ibacm.config.errors import ConfigError, ConfigIssue, errors_in, invalid_settings
 from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
@@ -478,8 +478,12 @@ class Daemon:
                 path = self.addr_file.path
                 problems += await self.topology.would_leave_no_endpoint(entries, path)
             if problems:
-                for problem in problems:
-                    log.error("reload refused; configuration unchanged", problem=str(problem))
+                # One line for one refusal, whatever the number of problems.
+                log.error(
+                    "reload refused; configuration unchanged",
+                    invalid=invalid_settings(problems),
+                    problems=[str(problem) for problem in problems],
+                )
                 raise ConfigError(problems)
             restart = self._keep_restart_options(new)
             old, self.options = self.options, new

@@ -35,7 +35,7 @@ class Unreachable(Exception):
 
 
 class Refused(Exception):
-    """The daemon answered with an error (exit 1)."""
+    """The daemon answered with an error (exit 1): what to print, one line or more."""
 
 
 class AdminConnection:
@@ -89,8 +89,7 @@ class AdminConnection:
                 continue
             if message.ok:
                 return message.result
-            code = f" [{message.code}]" if message.code else ""
-            raise Refused(f"{message.error}{code}")
+            raise Refused(refusal(message))
 
     def _next_message(self) -> wire.ServerMessage:
         while not self._ready:
@@ -110,6 +109,17 @@ class AdminConnection:
             return wire.parse_server_message(line)
         except wire.AdminProtocolError as exc:
             raise Unreachable(f"{self.path}: not an ibacm admin reply: {exc}") from None
+
+
+def refusal(reply: wire.Reply) -> str:
+    """An error reply as an operator reads it: a refused reload's summary, then each problem
+    on its own line (they are also in the one-line message, for other clients)."""
+    code = f" [{reply.code}]" if reply.code else ""
+    summary = _get(reply.result, "summary")
+    problems = _get(reply.result, "problems")
+    if isinstance(summary, str) and isinstance(problems, list):
+        return "\n".join([f"{summary}{code}", *(f"  {problem}" for problem in problems)])
+    return f"{reply.error}{code}"
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -293,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ibacm-admin: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except Refused as exc:
-        print(f"ibacm-admin: the daemon refused {exc}", file=sys.stderr)
+        print(f"ibacm-admin: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     print(render(args, result))
     return EXIT_OK

@@ -123,6 +123,30 @@ def test_reload_reports_what_needs_a_restart(sim: Path) -> None:
         admin(sim, "reload")
 
 
+def test_a_refused_reload_says_so_once_and_lists_each_line(sim: Path) -> None:
+    opts = sim / "node2" / "ibacm_opts.cfg"
+    original = opts.read_text()
+    try:
+        opts.write_text(original + "timeout banana\nretries -5\n")
+        done = admin(sim, "reload", node="node2")
+        assert done.returncode == 1 and done.stdout == ""
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "ibacm-admin: reload refused (2 invalid settings); configuration unchanged "
+            "[invalid_config]"
+        )
+        assert [line.split(": ", 1)[1] for line in lines[1:]] == [
+            "timeout value 'banana' is not a number (accepted: an integer); the C daemon "
+            "would silently use 0 (atoi)",
+            "retries value -5 is below 0 and would not work (accepted: 0..); the C daemon "
+            "would use -5",
+        ]
+        assert done.stderr.count("refused") == 1
+    finally:
+        opts.write_text(original)
+    assert admin(sim, "reload", node="node2").returncode == 0
+
+
 def test_capture_records_a_resolution_then_stops(sim: Path, tmp_path: Path) -> None:
     capture = tmp_path / "mads.pcap"
     started = admin(sim, "capture", "start", str(capture), node="node3")
