@@ -43,6 +43,7 @@ except ImportError as exc:  # the optional extra is missing: say how to get it
 
 from ibacm.fabric.capture import MadTrace, SaExchange, SaOutcome
 from ibacm.log import get_logger
+from ibacm.wire.admin import COUNTER_NAMES
 
 log = get_logger("ibacm.metrics")
 
@@ -71,16 +72,6 @@ SA_LATENCY_BUCKETS = (
 )
 """Seconds; umad's default is 2 s per attempt times 3 attempts."""
 
-COUNTER_NAMES = (
-    "error",
-    "resolve",
-    "nodata",
-    "addr_query",
-    "addr_cache",
-    "route_query",
-    "route_cache",
-)
-"""The seven ACM counters in wire order (as ``ib_acme -P`` shows them)."""
 _COUNTER_HELP = {
     "error": "Resolve requests answered with an error",
     "resolve": "Resolve requests received",
@@ -517,7 +508,6 @@ async def serve_metrics(
 
 
 __all__ = [
-    "COUNTER_NAMES",
     "DEFAULT_HOST",
     "METRICS_PATH",
     "SA_LATENCY_BUCKETS",

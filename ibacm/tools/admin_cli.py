@@ -5,8 +5,9 @@
 Commands: ``status`` (the snapshot, summarised), ``flush`` (the cache, or one endpoint's, or
 one destination), ``reload`` (the configuration, as SIGHUP), ``log-level [LEVEL]``,
 ``capture start PATH | stop | status`` (a MAD capture tshark reads). ``--json`` prints the
-daemon's reply as JSON instead. The protocol is docs/admin-protocol.md; the codec is
-``ibacm.wire.admin``, shared with the daemon and ``ibacm-tui``.
+daemon's reply as JSON instead (the counters of ``status`` as named fields). The protocol
+is docs/admin-protocol.md; the codec is ``ibacm.wire.admin``, shared with the daemon and
+``ibacm-tui``.
 
 Exit status: 0 done, 1 the daemon refused or failed the command (its message is printed),
 2 a usage error, 3 no daemon to talk to (no socket, permission, timeout, a broken reply).
@@ -155,6 +156,8 @@ def _get(value: Any, *keys: str) -> Any:
 def render(args: argparse.Namespace, result: Any) -> str:
     """What an operator reads (``--json``: the daemon's result as it came)."""
     if args.json:
+        if args.command == "status":
+            result = wire.snapshot_with_named_counters(result)
         return json.dumps(result, indent=2, sort_keys=True)
     if args.command == "status":
         return render_status(result if isinstance(result, dict) else {})

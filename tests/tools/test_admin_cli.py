@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import ibacm
+from ibacm.wire import admin as wire
 from tests.conftest import ibacm_sim
 
 ADMIN = [sys.executable, "-m", "ibacm.tools.admin_cli"]
@@ -76,6 +77,23 @@ def test_status_summarises_the_daemon(sim: Path) -> None:
     assert any(line.startswith("counters: error 0, resolve ") for line in lines)
     assert any(line.startswith("endpoint mlx5_0/1/0xffff: ready") for line in lines)
     assert "node1" in done.stdout and "10.0.0.1/16" in done.stdout
+
+
+def test_json_status_names_the_counters(sim: Path) -> None:
+    resolve(sim, "node1", "node2")
+    status = snapshot(sim)
+    counters = status["counters"]
+    assert isinstance(counters, dict)
+    assert list(counters) == sorted(wire.COUNTER_NAMES)  # printed with sorted keys
+    assert all(isinstance(value, int) for value in counters.values())
+    assert counters["resolve"] >= 1
+    endpoints = status["endpoints"]
+    assert isinstance(endpoints, list) and endpoints
+    for endpoint in endpoints:
+        assert set(endpoint["counters"]) == set(wire.COUNTER_NAMES)
+    # The same figures as the text form, which reads the daemon's arrays.
+    text = next(line for line in admin(sim, "status").stdout.splitlines() if "counters:" in line)
+    assert f"resolve {counters['resolve']}," in text
 
 
 def test_json_before_or_after_the_command(sim: Path) -> None:
