@@ -37,7 +37,8 @@ Extensions (keys the C daemon ignores, so one file serves both daemons):
     where the destination cache is persisted (default: not persisted; ``none`` disables) and
     how often it is saved, in seconds (default 300; 0 = only at shutdown).
 ``join_retry_initial_ms`` / ``join_retry_max_ms``
-    exponential backoff for failed multicast joins (default 1000 / 60000). C never retries.
+    exponential backoff for failed multicast joins (default 1000 / 60000), each wait drawn
+    between half and all of it. C never retries.
 ``route_bulk_preload``
     ``yes``: fill each endpoint's route cache with one SA GetTable(PathRecord) query at
     start-up (default ``no``).
