@@ -360,7 +360,6 @@ class Daemon:
         listening once all nodes are up)."""
         with self.bus.subscribe(kinds=STATUS_KINDS) as changes:
             task_status.started()
-            last = self.status_line()  # what READY=1 carried
             while not self.notifier.gone:
                 with trio.move_on_after(STATUS_INTERVAL):
                     await changes.receive()
@@ -371,8 +370,8 @@ class Daemon:
                     except trio.WouldBlock:
                         break
                 line = self.status_line()
-                if line != last and await self.notifier.status(line):
-                    last = line
+                if line != self.notifier.last_status:  # READY=1 may have told it already
+                    await self.notifier.status(line)
 
     async def _load_providers(self) -> None:
         entries = self.provider_entries

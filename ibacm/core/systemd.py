@@ -184,6 +184,8 @@ class Notifier:
         """sendto calls made, for tests."""
         self.gone = False
         """The manager's socket went away (``ibacm-sim up`` is done listening): STATUS= stops."""
+        self.last_status: str | None = None
+        """The STATUS= the manager has last been sent, by any message."""
         self._warned = False
         self._queue: collections.deque[str] = collections.deque()
         self._wakeup: trio.Event | None = None
@@ -215,6 +217,9 @@ class Notifier:
                 # The manager went away (or never listened): nothing a daemon can do.
                 self.gone = True
                 return _Outcome.GONE
+        for line in payload.split("\n"):
+            if line.startswith("STATUS="):
+                self.last_status = line.removeprefix("STATUS=")
         return _Outcome.SENT
 
     async def _send_until(self, payload: str, give_up: float | None) -> _Outcome:

@@ -6,6 +6,7 @@ STATUS=, as ``ibacm`` processes for the signals)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -39,14 +40,20 @@ from tests.core.test_cli import (
 STATUS_WAIT = daemon_module.STATUS_INTERVAL * 3
 
 
-async def status_matching(receiver: trio.socket.SocketType, pattern: str) -> str:
-    """The STATUS= of the first datagram whose STATUS= matches ``pattern``."""
+async def status_matching(
+    receiver: trio.socket.SocketType, pattern: str, seen: list[str] | None = None
+) -> str:
+    """The STATUS= of the first datagram whose STATUS= matches ``pattern`` (each STATUS= on
+    the way is added to ``seen``)."""
     with trio.fail_after(STATUS_WAIT):
         while True:
             lines = (await receiver.recv(4096)).decode().split("\n")
             for line in lines:
-                if line.startswith("STATUS=") and re.search(pattern, line):
-                    return line.removeprefix("STATUS=")
+                if line.startswith("STATUS="):
+                    if seen is not None:
+                        seen.append(line.removeprefix("STATUS="))
+                    if re.search(pattern, line):
+                        return line.removeprefix("STATUS=")
 
 
 @pytest.mark.trio
@@ -64,14 +71,15 @@ async def test_status_tells_endpoints_cache_entries_and_clients(tmp_path: Path) 
             ready = (await receiver.recv(4096)).decode().split("\n")
             assert ready[0] == "READY=1"
             status = next(line for line in ready if line.startswith("STATUS="))
+            seen = [status.removeprefix("STATUS=")]
             assert re.fullmatch(
                 r"STATUS=serving: [01]/1 endpoint ready, \d+ cache entr(y|ies), 0 clients", status
             )
             if "0/1" in status:  # the group join makes the endpoint ready
-                await status_matching(receiver, r"1/1 endpoint ready")
+                await status_matching(receiver, r"1/1 endpoint ready", seen)
             # A port going down and up again: told at once, not at the next look.
             run.world.set_port_state("node1", "mlx5_0", 1, False)
-            await status_matching(receiver, r"serving: 0/0 endpoints ready")
+            await status_matching(receiver, r"serving: 0/0 endpoints ready", seen)
             run.world.set_port_state("node1", "mlx5_0", 1, True)
             await status_matching(receiver, r"serving: 1/1 endpoint ready")
             stream = await trio.open_unix_socket(run.socket("node1"))
@@ -82,12 +90,14 @@ async def test_status_tells_endpoints_cache_entries_and_clients(tmp_path: Path) 
                 assert reply.status == AcmStatus.SUCCESS
                 entries = run.daemons["node1"].snapshot()["endpoints"][0]["cache_entries"]
                 assert entries >= 1
-                line = await status_matching(receiver, r", 1 client$")
+                line = await status_matching(receiver, r", 1 client$", seen)
                 assert line == (
                     f"serving: 1/1 endpoint ready, {entries} cache "
                     f"entr{'y' if entries == 1 else 'ies'}, 1 client"
                 )
-            await status_matching(receiver, r", 0 clients$")
+            await status_matching(receiver, r", 0 clients$", seen)
+    # Told when it changed, not again and again.
+    assert all(before != after for before, after in itertools.pairwise(seen)), seen
 
 
 def fill(name: str) -> socket.socket:
@@ -158,6 +168,11 @@ async def test_a_sighup_reload_is_reloading_then_ready(tmp_path: Path) -> None:
         reloading, ready = await state_messages(sim, 2)
         assert (reloading["RELOADING"], ready["READY"]) == ("1", "1")
         assert ready["STATUS"].endswith("; last reload refused (2 invalid settings)")
+        # The next looks do not tell it again: READY=1 told it.
+        with trio.move_on_after(daemon_module.STATUS_INTERVAL + 1):
+            while True:
+                again = (await sim.notify.recv(4096)).decode()
+                assert again != f"STATUS={ready['STATUS']}"
         # Until a reload is applied, the periodic STATUS= keeps saying so.
         opts.write_text(good)
         process.send_signal(signal.SIGHUP)
