@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import errno
 import os
 import socket
 import time
@@ -213,9 +214,10 @@ class Notifier:
                 sock.sendto(payload.encode(), self.address)
             except BlockingIOError:
                 return _Outcome.FULL
-            except OSError:
-                # The manager went away (or never listened): nothing a daemon can do.
-                self.gone = True
+            except OSError as exc:
+                # The manager went away (or never listened): nothing a daemon can do. Only
+                # a socket nobody listens on stops STATUS= for good.
+                self.gone = exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTDIR)
                 return _Outcome.GONE
         for line in payload.split("\n"):
             if line.startswith("STATUS="):

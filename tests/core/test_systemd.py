@@ -227,3 +227,21 @@ async def test_reloading_carries_the_monotonic_time_systemd_compares() -> None:
     assert before <= int(fields["MONOTONIC_USEC"]) <= after
     assert fields["STATUS"] == "reloading the configuration"
     assert ready == ["READY=1", "STATUS=serving"]
+
+
+@pytest.mark.trio
+async def test_a_manager_that_stopped_listening_gets_no_more_status(tmp_path: Path) -> None:
+    """``ibacm-sim up`` listens only until every node is up; its daemons then stop STATUS=."""
+    path = tmp_path / "notify"
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(path))
+    notifier = Notifier(str(path))
+    with manager:
+        assert await notifier.status("serving")
+        assert manager.recv(4096) == b"STATUS=serving"
+    assert not notifier.gone
+    assert not await notifier.status("serving, later")  # the socket file is left: refused
+    assert notifier.gone
+    attempts = notifier.attempts
+    assert not await notifier.status("serving, even later")
+    assert notifier.attempts == attempts  # not even tried
