@@ -3,7 +3,8 @@
 mad-protocol.md §4 and §9.6. Group 0 (``min_rate``/``min_mtu``) is what every node shares and
 where requests go; further groups advertise faster paths for route_prot acm. C joins at most
 two and never retries a failed join (defect 25); here the plan is a list (at most six fit in
-a request), and ``join_forever`` retries with an exponential backoff until it succeeds.
+a request), and ``join_forever`` retries with a jittered exponential backoff until it
+succeeds.
 
 Only groups whose join succeeded are advertised and matched (C matched requested MGIDs even
 when the join had failed, building all-zero paths from them: defect 26).
@@ -12,6 +13,7 @@ when the join had failed, building all-zero paths from them: defect 26).
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -235,13 +237,22 @@ def joined_mgids(groups: Iterable[McGroup]) -> list[bytes]:
     return [group.mgid for group in groups if group.joined][:MAX_GIDS_IN_MAD]
 
 
+def jittered(delay: float, rng: random.Random) -> float:
+    """A wait drawn uniformly between half of ``delay`` and all of it."""
+    return delay * (0.5 + 0.5 * rng.random())
+
+
 async def join_forever(
     group: McGroup,
     attempt: Callable[[McGroup], Awaitable[None]],
     initial_ms: int,
     max_ms: int,
+    rng: random.Random | None = None,
 ) -> None:
-    """Call ``attempt`` until it succeeds, sleeping initial, 2x, 4x ... max ms in between."""
+    """Call ``attempt`` until it succeeds. The backoff doubles from initial to max ms; each
+    wait is drawn between half of it and all of it, so the nodes whose joins failed together
+    (the SM restarted, the SA was busy) do not all ask again in the same instant."""
+    rng = random.Random() if rng is None else rng
     delay = initial_ms / 1000.0
     while True:
         group.attempts += 1
@@ -250,12 +261,13 @@ async def join_forever(
             return
         except (JoinError, FabricError) as exc:
             group.last_error = str(exc) or type(exc).__name__
+            wait = jittered(delay, rng)
             log.info(
                 "multicast join failed, will retry",
                 group=group.index,
                 mgid=group.mgid.hex(),
                 error=group.last_error,
-                retry_in=delay,
+                retry_in=round(wait, 3),
             )
-        await trio.sleep(delay)
+        await trio.sleep(wait)
         delay = min(delay * 2, max_ms / 1000.0)

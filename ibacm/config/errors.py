@@ -41,6 +41,12 @@ def errors_in(issues: Iterable[ConfigIssue]) -> list[ConfigIssue]:
     return [issue for issue in issues if issue.severity == "error"]
 
 
+def invalid_settings(issues: Iterable[ConfigIssue]) -> str:
+    """The lines with an error among ``issues``, each counted once: "2 invalid settings"."""
+    count = len({(issue.path, issue.line) for issue in errors_in(issues)})
+    return f"{count} invalid setting{'' if count == 1 else 's'}"
+
+
 class IssueSink:
     """Collects issues for one file, so parsers need not repeat the path everywhere."""
 

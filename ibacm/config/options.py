@@ -37,7 +37,8 @@ Extensions (keys the C daemon ignores, so one file serves both daemons):
     where the destination cache is persisted (default: not persisted; ``none`` disables) and
     how often it is saved, in seconds (default 300; 0 = only at shutdown).
 ``join_retry_initial_ms`` / ``join_retry_max_ms``
-    exponential backoff for failed multicast joins (default 1000 / 60000). C never retries.
+    exponential backoff for failed multicast joins (default 1000 / 60000), each wait drawn
+    between half and all of it. C never retries.
 ``route_bulk_preload``
     ``yes``: fill each endpoint's route cache with one SA GetTable(PathRecord) query at
     start-up (default ``no``).
@@ -416,13 +417,19 @@ class _Setting:
     value: str
     line: int
     sink: IssueSink
+    invalid: bool = False
 
     def warn(self, message: str) -> None:
         self.sink.warn(self.line, f"{self.key} {message}")
 
     def error(self, message: str) -> None:
-        """An invalid value: the daemon does not start with it, a reload is refused."""
-        self.sink.error(self.line, f"{self.key} {message}")
+        """An invalid value: the daemon does not start with it, a reload is refused.
+
+        Only the first error of a line is kept: the checks after it judge the value the
+        first one made up ("banana" read as 0), which the line never said."""
+        if not self.invalid:
+            self.invalid = True
+            self.sink.error(self.line, f"{self.key} {message}")
 
     def c_int(self) -> int:
         """The value as C ``atoi`` reads it; an error when that is not the number written."""

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import trio
 
 from ibacm import __version__
-from ibacm.config.errors import ConfigError
+from ibacm.config.errors import ConfigError, invalid_settings
 from ibacm.core.events import Event, EventBus, Subscription
 from ibacm.log import get_logger
 from ibacm.wire import admin as wire
@@ -279,11 +279,14 @@ class _Session:
                     restart = await control.reload()
                 except ConfigError as exc:
                     problems = [str(issue) for issue in exc.issues]
+                    summary = (
+                        f"reload refused ({invalid_settings(exc.issues)}); configuration unchanged"
+                    )
                     return wire.error_reply(
                         request.id,
-                        "reload refused, configuration unchanged: " + "; ".join(problems),
+                        f"{summary}: {'; '.join(problems)}",
                         wire.ErrorCode.INVALID_CONFIG,
-                        {"problems": problems},
+                        {"summary": summary, "problems": problems},
                     )
                 log.info("configuration reloaded on admin request")
                 return wire.ok_reply(request.id, {"reloaded": True, "restart_needed": restart})

@@ -21,7 +21,7 @@ from typing import NoReturn
 import trio
 
 from ibacm import __version__
-from ibacm.config.errors import ConfigIssue, errors_in
+from ibacm.config.errors import ConfigIssue, errors_in, invalid_settings
 from ibacm.config.options import Options, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, DEFAULT_OPTS_FILE
 from ibacm.core.daemon import Daemon
@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before daemonizing, on stderr: a terminal or systemd's journal shows each line.
         for issue in errors:
             print(f"ibacm: {issue}", file=sys.stderr)
-        print(f"ibacm: {len(errors)} invalid setting(s); not started", file=sys.stderr)
+        print(f"ibacm: {invalid_settings(errors)}; not started", file=sys.stderr)
         return 1
     if args.run_dir:
         options.run_dir = args.run_dir

@@ -7,6 +7,10 @@ seconds), ports are closed through the provider, ``provider.stop()`` runs, and e
 daemon created is removed. SIGHUP reopens the log and reloads the option and address files
 without dropping clients.
 
+Under systemd (``Notifier`` enabled) the daemon announces READY=1 once it serves (retried
+until the manager has it), RELOADING=1/READY=1 around every reload, STOPPING=1, and a
+STATUS= line (``status_line``) while it runs.
+
 ``Daemon`` also implements the admin socket's ``DaemonControl``.
 """
 
@@ -22,7 +26,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ import ibacm
 from ibacm import __version__
 from ibacm.config.addr_file import AddrEntry, parse_addr_file
 from ibacm.config.address_literals import classify
-from ibacm.config.errors import ConfigError, ConfigIssue, errors_in
+from ibacm.config.errors import ConfigError, ConfigIssue, errors_in, invalid_settings
 from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
@@ -65,6 +69,13 @@ config_log = get_logger(CONFIG_LOGGER)
 
 SHUTDOWN_GRACE = 2.0
 """Seconds in-flight requests get to finish at shutdown."""
+STATUS_INTERVAL = 5.0
+"""Seconds between two looks at the daemon for systemd's STATUS= line."""
+STATUS_SETTLE = 0.25
+"""Seconds a change of state (an endpoint, a port) waits for the ones that come with it
+before STATUS= tells it, so a burst of them is one line."""
+STATUS_KINDS = ("endpoint", "port")
+"""Bus events that change STATUS= at once (cache entries and clients wait for the next look)."""
 BANNER = "Assistant to the InfiniBand Communication Manager"
 
 # What a reload does with each option (a test checks that every option is in one group).
@@ -239,6 +250,8 @@ class Daemon:
         self._started_wall = time.time()
         self._started = 0.0
         self._reload_lock = trio.Lock()
+        self._refused: str | None = None
+        """Why the last reload was refused, until one is applied (for STATUS=)."""
 
     # -- options -------------------------------------------------------------------------------
     def _with_overrides(self, options: Options) -> Options:
@@ -282,6 +295,8 @@ class Daemon:
                 if self.handle_signals:
                     # First, so a SIGTERM during start-up still ends in a clean stop.
                     await root.start(self._signals)
+                if self.notifier.enabled:
+                    await root.start(self.notifier.run)
                 await root.start(self.mad_capture.run)
                 await self._start_capture()
                 if self.options.metrics_port:
@@ -301,7 +316,11 @@ class Daemon:
                 if self.kernel_service or self.inherited_netlink is not None:
                     await self._start_kernel_service(root)
                 self.ready.set()
-                await self.notifier.ready(f"serving {', '.join(self.listeners.addresses)}")
+                if self.notifier.enabled:
+                    self.notifier.announce(
+                        ready="1", status=self.status_line(), mainpid=str(os.getpid())
+                    )
+                    await root.start(self._report_status)
                 task_status.started(self)
                 await self._stop.wait()
                 await self._graceful_stop()
@@ -310,6 +329,49 @@ class Daemon:
             with trio.CancelScope(shield=True):
                 await self._release()
             self.stopped.set()
+
+    # -- systemd STATUS= ------------------------------------------------------------------------
+    def status_line(self) -> str:
+        """What ``systemctl status`` shows: endpoints ready, cache entries, clients."""
+        total = ready = entries = 0
+        for endpoint in iter_endpoints(self.topology.devices):
+            total += 1
+            provider = endpoint.port.provider
+            info: Mapping[str, Any] = {}
+            if provider is not None and endpoint.ctx is not None:
+                try:
+                    info = provider.describe_endpoint(endpoint.ctx)
+                except Exception:
+                    log.debug("provider could not describe endpoint", endpoint=endpoint.id)
+            # A provider that does not say (a provider library) has the endpoint open.
+            ready += info.get("state", "ready") == "ready"
+            count = info.get("cache_entries", info.get("cache", ()))
+            entries += count if isinstance(count, int) else len(count)
+        clients = self.clients.active
+        line = (
+            f"serving: {ready}/{total} endpoint{_s(total)} ready, {entries} cache "
+            f"entr{'y' if entries == 1 else 'ies'}, {clients} client{_s(clients)}"
+        )
+        return f"{line}; {self._refused}" if self._refused else line
+
+    async def _report_status(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """STATUS= every ``STATUS_INTERVAL`` seconds when it changed, and soon after an
+        endpoint or port changes state; until the manager is gone (``ibacm-sim up`` stops
+        listening once all nodes are up)."""
+        with self.bus.subscribe(kinds=STATUS_KINDS) as changes:
+            task_status.started()
+            while not self.notifier.gone:
+                with trio.move_on_after(STATUS_INTERVAL):
+                    await changes.receive()
+                    await trio.sleep(STATUS_SETTLE)
+                while True:  # the burst is told in one line
+                    try:
+                        changes.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                line = self.status_line()
+                if line != self.notifier.last_status:  # READY=1 may have told it already
+                    await self.notifier.status(line)
 
     async def _load_providers(self) -> None:
         entries = self.provider_entries
@@ -469,35 +531,49 @@ class Daemon:
         or an address file that would leave no endpoint refuses the whole reload
         (``ConfigError`` with every problem) and the running configuration stays.
         Otherwise every changed option is applied, or reported (log, and the returned
-        names) as needing a restart."""
+        names) as needing a restart. systemd hears RELOADING=1 before and READY=1 after,
+        whatever the outcome (``Type=notify-reload`` waits for them)."""
         async with self._reload_lock:
-            new, problems = self._read_options()
-            entries, address_problems = self._read_addresses(new)
-            problems += address_problems
-            if not problems and entries is not None:
-                path = self.addr_file.path
-                problems += await self.topology.would_leave_no_endpoint(entries, path)
-            if problems:
-                for problem in problems:
-                    log.error("reload refused; configuration unchanged", problem=str(problem))
-                raise ConfigError(problems)
-            restart = self._keep_restart_options(new)
-            old, self.options = self.options, new
-            self.services.options = new
-            self._apply_logging(old, new)
-            self.topology.apply_sa_depth(new.sa_depth)
-            self.addr_file.support_ips = new.support_ips_in_addr_cfg
-            self.clients.limits = client_limits(new)
-            restart += self._apply_provider_options(old, new)
-            await self._apply_capture(old, new)
-            await self.topology.reload_addresses(entries)
-            log.info(
-                "configuration reloaded",
-                opts_file=self.opts_file,
-                addr_file=self.addr_file.path,
-                restart_needed=restart,
+            self.notifier.reloading("reloading the configuration")
+            try:
+                return await self._reload()
+            finally:
+                self.notifier.reloaded(self.status_line())
+
+    async def _reload(self) -> list[str]:
+        new, problems = self._read_options()
+        entries, address_problems = self._read_addresses(new)
+        problems += address_problems
+        if not problems and entries is not None:
+            path = self.addr_file.path
+            problems += await self.topology.would_leave_no_endpoint(entries, path)
+        if problems:
+            # One line for one refusal, whatever the number of problems.
+            log.error(
+                "reload refused; configuration unchanged",
+                invalid=invalid_settings(problems),
+                problems=[str(problem) for problem in problems],
             )
-            return restart
+            self._refused = f"last reload refused ({invalid_settings(problems)})"
+            raise ConfigError(problems)
+        self._refused = None
+        restart = self._keep_restart_options(new)
+        old, self.options = self.options, new
+        self.services.options = new
+        self._apply_logging(old, new)
+        self.topology.apply_sa_depth(new.sa_depth)
+        self.addr_file.support_ips = new.support_ips_in_addr_cfg
+        self.clients.limits = client_limits(new)
+        restart += self._apply_provider_options(old, new)
+        await self._apply_capture(old, new)
+        await self.topology.reload_addresses(entries)
+        log.info(
+            "configuration reloaded",
+            opts_file=self.opts_file,
+            addr_file=self.addr_file.path,
+            restart_needed=restart,
+        )
+        return restart
 
     def _read_options(self) -> tuple[Options, list[ConfigIssue]]:
         if self.opts_file is None:
@@ -665,6 +741,10 @@ async def _startup_errors_unwrapped() -> AsyncIterator[None]:
         if len(leaves) == 1 and isinstance(leaves[0], STARTUP_ERRORS):
             raise leaves[0] from None
         raise
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,6 +1,6 @@
 """Optional Prometheus/OpenMetrics endpoint (option ``metrics_port``, extra ``ibacm[metrics]``).
 
-Three sources feed one private ``CollectorRegistry``:
+Three sources feed one private ``CollectorRegistry``, served by ``serve_metrics``:
 
 * ``SnapshotCollector`` reads the daemon's admin snapshot (``DaemonControl.snapshot()``,
   schema in ``docs/admin-protocol.md``) at each scrape: the seven ACM counters globally and
@@ -8,8 +8,11 @@ Three sources feed one private ``CollectorRegistry``:
   queues, clients and uptime;
 * ``MadMetrics`` is a ``MadObserver`` for ``ibacm.fabric.capture.TapFabric``: MADs by
   direction, class, method and attribute, and the SA round-trip latency histogram;
-* both are served by ``serve_metrics``, a small trio HTTP server (``GET /metrics``) that
-  answers in the Prometheus text format or, when the scraper asks for it, in OpenMetrics.
+* prometheus_client's ``ProcessCollector``: the ``process_*`` series of the daemon process
+  (CPU, memory, file descriptors, start time; Linux /proc).
+
+``serve_metrics`` is a small trio HTTP server (``GET /metrics``) that answers in the
+Prometheus text format or, when the scraper asks for it, in OpenMetrics.
 
 The endpoint listens on 127.0.0.1 by default: it tells who resolves what, so exposing it
 wider is an explicit choice.
@@ -27,7 +30,7 @@ from typing import Any
 import trio
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
     from prometheus_client.exposition import choose_encoder
     from prometheus_client.metrics_core import (
         CounterMetricFamily,
@@ -43,6 +46,7 @@ except ImportError as exc:  # the optional extra is missing: say how to get it
 
 from ibacm.fabric.capture import MadTrace, SaExchange, SaOutcome
 from ibacm.log import get_logger
+from ibacm.wire.admin import COUNTER_NAMES
 
 log = get_logger("ibacm.metrics")
 
@@ -71,16 +75,6 @@ SA_LATENCY_BUCKETS = (
 )
 """Seconds; umad's default is 2 s per attempt times 3 attempts."""
 
-COUNTER_NAMES = (
-    "error",
-    "resolve",
-    "nodata",
-    "addr_query",
-    "addr_cache",
-    "route_query",
-    "route_cache",
-)
-"""The seven ACM counters in wire order (as ``ib_acme -P`` shows them)."""
 _COUNTER_HELP = {
     "error": "Resolve requests answered with an error",
     "resolve": "Resolve requests received",
@@ -355,6 +349,9 @@ class DaemonMetrics:
 
     def __init__(self, snapshot_fn: SnapshotFn | None = None) -> None:
         self.registry = CollectorRegistry()
+        # The client library's process_* series (CPU seconds, resident and virtual memory,
+        # open and maximum file descriptors, start time), read from /proc/self at each scrape.
+        ProcessCollector(registry=self.registry)
         self.mads = MadMetrics(self.registry)
         if snapshot_fn is not None:
             self.registry.register(SnapshotCollector(snapshot_fn))
@@ -538,7 +535,6 @@ async def serve_metrics(
 
 
 __all__ = [
-    "COUNTER_NAMES",
     "DEFAULT_HOST",
     "METRICS_PATH",
     "SA_LATENCY_BUCKETS",

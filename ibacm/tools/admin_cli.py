@@ -5,8 +5,9 @@
 Commands: ``status`` (the snapshot, summarised), ``flush`` (the cache, or one endpoint's, or
 one destination), ``reload`` (the configuration, as SIGHUP), ``log-level [LEVEL]``,
 ``capture start PATH | stop | status`` (a MAD capture tshark reads). ``--json`` prints the
-daemon's reply as JSON instead. The protocol is docs/admin-protocol.md; the codec is
-``ibacm.wire.admin``, shared with the daemon and ``ibacm-tui``.
+daemon's reply as JSON instead (the counters of ``status`` as named fields). The protocol
+is docs/admin-protocol.md; the codec is ``ibacm.wire.admin``, shared with the daemon and
+``ibacm-tui``.
 
 Exit status: 0 done, 1 the daemon refused or failed the command (its message is printed),
 2 a usage error, 3 no daemon to talk to (no socket, permission, timeout, a broken reply).
@@ -35,7 +36,7 @@ class Unreachable(Exception):
 
 
 class Refused(Exception):
-    """The daemon answered with an error (exit 1)."""
+    """The daemon answered with an error (exit 1): what to print, one line or more."""
 
 
 class AdminConnection:
@@ -89,8 +90,7 @@ class AdminConnection:
                 continue
             if message.ok:
                 return message.result
-            code = f" [{message.code}]" if message.code else ""
-            raise Refused(f"{message.error}{code}")
+            raise Refused(refusal(message))
 
     def _next_message(self) -> wire.ServerMessage:
         while not self._ready:
@@ -110,6 +110,17 @@ class AdminConnection:
             return wire.parse_server_message(line)
         except wire.AdminProtocolError as exc:
             raise Unreachable(f"{self.path}: not an ibacm admin reply: {exc}") from None
+
+
+def refusal(reply: wire.Reply) -> str:
+    """An error reply as an operator reads it: a refused reload's summary, then each problem
+    on its own line (they are also in the one-line message, for other clients)."""
+    code = f" [{reply.code}]" if reply.code else ""
+    summary = _get(reply.result, "summary")
+    problems = _get(reply.result, "problems")
+    if isinstance(summary, str) and isinstance(problems, list):
+        return "\n".join([f"{summary}{code}", *(f"  {problem}" for problem in problems)])
+    return f"{reply.error}{code}"
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -145,6 +156,8 @@ def _get(value: Any, *keys: str) -> Any:
 def render(args: argparse.Namespace, result: Any) -> str:
     """What an operator reads (``--json``: the daemon's result as it came)."""
     if args.json:
+        if args.command == "status":
+            result = wire.snapshot_with_named_counters(result)
         return json.dumps(result, indent=2, sort_keys=True)
     if args.command == "status":
         return render_status(result if isinstance(result, dict) else {})
@@ -302,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ibacm-admin: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except Refused as exc:
-        print(f"ibacm-admin: the daemon refused {exc}", file=sys.stderr)
+        print(f"ibacm-admin: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     print(render(args, result))
     return EXIT_OK

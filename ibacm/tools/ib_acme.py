@@ -439,8 +439,13 @@ class Acme:
 
     # -- configuration files ----------------------------------------------------------
 
-    def _open_output(self, name: str, what: str) -> tuple[Path, TextIO] | None:
-        """Create the directory (0755), then the file; C's messages on failure."""
+    def _open_output(
+        self, name: str, what: str, *, truncate: bool = True
+    ) -> tuple[Path, TextIO, bool] | None:
+        """Create the directory (0755), then open the file; C's messages on failure.
+
+        Also says whether the file was created here. ``truncate=False`` opens an existing
+        file without emptying it (the caller truncates once it has something to write)."""
         directory = self.s.dest_dir
         with contextlib.suppress(OSError):  # exists already, or the check below says why
             os.mkdir(directory, DIR_MODE)
@@ -450,35 +455,52 @@ class Acme:
             self.out.error(f"Failed to open {what} configuration file: {os.strerror(err)}")
             return None
         path = Path(directory) / name
+        existed = path.exists()
         try:
-            handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the caller
+            # fopen(path, "w") as C does, minus O_TRUNC when asked: the same permission check,
+            # and an existing file keeps its owner, mode and links.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+            handle = os.fdopen(os.open(path, flags, 0o666), "w", encoding="utf-8")
         except OSError as exc:
             message = os.strerror(exc.errno) if exc.errno else str(exc)
             self.out.error(f"Failed to open {what} configuration file: {message}")
             return None
-        return path, handle
+        return path, handle, not existed
 
     def gen_addr(self) -> int:
         s = self.s
         self.out.verbose(f"Generating {s.dest_dir}/{s.addr_file}")
-        opened = self._open_output(s.addr_file, "address")
+        opened = self._open_output(s.addr_file, "address", truncate=False)
         if opened is None:
             return -1
-        path, handle = opened
+        path, handle, created = opened
         with handle:
-            ports = self._device_ports()
-            if ports is None:
-                return -1
-            devices, hostname = ports
-            try:
-                text = generate_addr_file(devices, hostname)
-            except ValueError as exc:
-                self.out.error(f"Failed to auto generate host names in config file: {exc}")
-                return -1
-            handle.write(text)
+            text = self._addr_text()
+            if text is not None:
+                handle.truncate(0)
+                handle.write(text)
+        if text is None:
+            # C leaves the file it created empty (ibacm then starts with no endpoint); a file
+            # that was there stays as it was.
+            if created:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            return -1
         entries = [line for line in text.splitlines() if line and not line.startswith("#")]
         self.out.generated("address", str(path), entries)
         return 0
+
+    def _addr_text(self) -> str | None:
+        """The address file's text, or None after printing why there is none."""
+        ports = self._device_ports()
+        if ports is None:
+            return None
+        devices, hostname = ports
+        try:
+            return generate_addr_file(devices, hostname)
+        except ValueError as exc:
+            self.out.error(f"Failed to auto generate host names in config file: {exc}")
+            return None
 
     def _device_ports(self) -> tuple[list[PortEntry], str] | None:
         """Every port of the chosen fabric's devices, or None after printing why not."""
@@ -532,7 +554,7 @@ class Acme:
         opened = self._open_output(s.opts_file, "option")
         if opened is None:
             return -1
-        path, handle = opened
+        path, handle, _created = opened
         text = render_opts_file()
         with handle:
             handle.write(text)

@@ -50,6 +50,35 @@ COUNTER_NAMES: Final[tuple[str, ...]] = (
 """Names of the seven ACM counters in wire order (``ibacm.provider.api.Counter``)."""
 
 
+def named_counters(values: Any) -> Any:
+    """Counters in wire order as ``{name: value}`` (for people and scripts); a value that is
+    not a list of them is returned as it is."""
+    if not isinstance(values, list | tuple) or len(values) != len(COUNTER_NAMES):
+        return values
+    return dict(zip(COUNTER_NAMES, values, strict=True))
+
+
+def snapshot_with_named_counters(snapshot: Any) -> Any:
+    """A copy of a snapshot whose global and per-endpoint ``counters`` are named fields.
+
+    The protocol keeps the arrays (readers in the field use them); this is the form
+    ``ibacm-admin --json`` prints."""
+    if not isinstance(snapshot, dict):
+        return snapshot
+    named = dict(snapshot)
+    if "counters" in named:
+        named["counters"] = named_counters(named["counters"])
+    endpoints = named.get("endpoints")
+    if isinstance(endpoints, list):
+        named["endpoints"] = [
+            {**ep, "counters": named_counters(ep["counters"])}
+            if isinstance(ep, dict) and "counters" in ep
+            else ep
+            for ep in endpoints
+        ]
+    return named
+
+
 class Command(enum.StrEnum):
     HELLO = "hello"
     SNAPSHOT = "snapshot"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import trio
 
@@ -12,6 +14,7 @@ from ibacm.acmp.groups import (
     build_join,
     group_av,
     group_path,
+    jittered,
     join_forever,
     joined_mgids,
     parse_join_reply,
@@ -164,6 +167,51 @@ async def test_joins_are_retried_with_exponential_backoff(autojump_clock: object
 
     start = trio.current_time()
     await join_forever(group, attempt, initial_ms=1000, max_ms=4000)
-    gaps = [round(b - a, 3) for a, b in zip([start, *attempts], attempts, strict=False)][1:]
-    assert gaps == [1.0, 2.0, 4.0, 4.0, 4.0]
+    gaps = [b - a for a, b in zip([start, *attempts], attempts, strict=False)][1:]
+    # Each wait is between half and all of the backoff 1, 2, 4, 4, 4 s.
+    for gap, backoff in zip(gaps, [1.0, 2.0, 4.0, 4.0, 4.0], strict=True):
+        assert backoff / 2 <= gap <= backoff
     assert group.attempts == 6 and group.last_error == "no answer"
+
+
+@pytest.mark.trio
+async def test_nodes_that_failed_together_do_not_retry_in_step(autojump_clock: object) -> None:
+    """An SM restart fails every node's join at once: their retries must spread out."""
+    retries: list[float] = []
+
+    async def node() -> None:
+        group = McGroup(0, GroupSpec(3, 4), 0xFFFF)
+
+        async def attempt(_: McGroup) -> None:
+            if group.attempts == 1:
+                raise SaTimeout("SM restarting")
+            retries.append(trio.current_time())
+
+        await join_forever(group, attempt, initial_ms=1000, max_ms=60000)
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(50):
+            nursery.start_soon(node)
+    offsets = sorted(t - start for t in retries)
+    assert len(offsets) == 50 and offsets[0] >= 0.5 and offsets[-1] <= 1.0
+    assert len({round(t, 3) for t in offsets}) >= 40  # spread over the half second
+    assert offsets[-1] - offsets[0] > 0.3
+
+
+@pytest.mark.trio
+async def test_the_jitter_comes_from_the_generator_given(autojump_clock: object) -> None:
+    async def fail_twice(group: McGroup) -> None:
+        if group.attempts < 3:
+            raise SaTimeout("no answer")
+
+    runs = []
+    for _ in range(2):
+        group = McGroup(0, GroupSpec(3, 4), 0xFFFF)
+        start = trio.current_time()
+        await join_forever(group, fail_twice, 1000, 8000, random.Random(30))
+        runs.append(trio.current_time() - start)
+    same = random.Random(30)
+    expected = jittered(1.0, same) + jittered(2.0, same)
+    assert runs == [pytest.approx(expected)] * 2  # reproducible for a seed
+    assert expected != pytest.approx(3.0)

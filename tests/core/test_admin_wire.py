@@ -227,3 +227,28 @@ def test_daemon_objects_become_plain_json() -> None:
 def test_bad_server_messages_are_rejected(line: bytes, text: str) -> None:
     with pytest.raises(wire.AdminProtocolError, match=text):
         wire.parse_server_message(line)
+
+
+def test_snapshot_counters_by_name_for_people_and_scripts() -> None:
+    snapshot = {
+        "daemon": {"pid": 1},
+        "counters": [0, 12, 1, 2, 3, 4, 5],
+        "endpoints": [{"id": "mlx5_0/1/0xffff", "counters": [1, 2, 3, 4, 5, 6, 7]}, {"id": "x"}],
+    }
+    named = wire.snapshot_with_named_counters(snapshot)
+    assert named["counters"] == {
+        "error": 0,
+        "resolve": 12,
+        "nodata": 1,
+        "addr_query": 2,
+        "addr_cache": 3,
+        "route_query": 4,
+        "route_cache": 5,
+    }
+    assert named["endpoints"][0]["counters"]["route_cache"] == 7
+    assert named["endpoints"][1] == {"id": "x"}
+    assert snapshot["counters"] == [0, 12, 1, 2, 3, 4, 5]  # the reply itself is not changed
+    # What is not seven counters stays as the daemon sent it (readers must be lenient).
+    assert wire.named_counters([1, 2]) == [1, 2]
+    assert wire.named_counters(None) is None
+    assert wire.snapshot_with_named_counters("x") == "x"

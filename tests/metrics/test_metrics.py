@@ -9,7 +9,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
+import socket
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -34,7 +36,7 @@ from ibacm.provider.registry import ProviderEntry
 from ibacm.wire.mad import build_path_get
 from ibacm.wire.path_record import PathRecord
 from tests.capture.traffic import acm_exchange, running
-from tests.conftest import REPO
+from tests.conftest import REPO, ibacm_sim
 
 # The example snapshot of docs/admin-protocol.md, with a second cache entry.
 SNAPSHOT: dict[str, Any] = {
@@ -344,3 +346,43 @@ def test_grafana_dashboard_uses_only_exported_metrics() -> None:
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def _proc_start_time(pid: int) -> float:
+    """Seconds since the epoch at which ``pid`` started, from /proc (as ps computes it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[19])  # field 22 of stat(5), counted after "pid (comm)"
+    boot = next(
+        float(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_daemon_process_exports_its_process_metrics(tmp_path: Path) -> None:
+    """``process_*`` (prometheus_client's process collector) of a real daemon process,
+    checked against what /proc says of that process, not of the test."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    extra = tmp_path / "extra.cfg"
+    extra.write_text(f"metrics_port {port}\n")
+    sim = tmp_path / "sim"
+    up = ibacm_sim("up", "--nodes", "1", "--dir", str(sim), "--opts", str(extra))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        pid = json.loads((sim / "pids.json").read_text())["nodes"]["node1"]
+        got = samples(http_get(port)[0])
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+    finally:
+        ibacm_sim("down", "--dir", str(sim))
+    assert abs(value(got, "process_start_time_seconds") - _proc_start_time(pid)) < 1.5
+    assert abs(value(got, "process_open_fds") - fds) <= 3
+    # The daemon raised its soft open-file limit to the hard one at start-up.
+    soft = next(line.split()[3] for line in limits if line.startswith("Max open files"))
+    assert value(got, "process_max_fds") == float(soft)
+    assert value(got, "process_resident_memory_bytes") > 10 * 2**20  # a Python daemon
+    assert value(got, "process_virtual_memory_bytes") >= value(got, "process_resident_memory_bytes")
+    assert value(got, "process_cpu_seconds_total") > 0

@@ -110,6 +110,7 @@ def test_package_lists_console_scripts_units_man_pages_and_config(files: dict[st
         "/usr/share/man/man7/ibacm_prov.7.gz",
         "/usr/share/doc/ibacm-trio/BUNDLED",
         "/usr/share/doc/ibacm-trio/examples/ibacm_route.data",
+        "/usr/share/doc/ibacm-trio/examples/ibacm-notify-reload.conf",
         "/usr/share/ibacm-trio/wireshark/acm.lua",
         "/usr/share/ibacm-trio/grafana/ibacm-dashboard.json",
         "/usr/lib/ibacm/ibacm/core/cli.py",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import ibacm
+from ibacm.wire import admin as wire
 from tests.conftest import ibacm_sim
 
 ADMIN = [sys.executable, "-m", "ibacm.tools.admin_cli"]
@@ -78,6 +79,23 @@ def test_status_summarises_the_daemon(sim: Path) -> None:
     assert "node1" in done.stdout and "10.0.0.1/16" in done.stdout
 
 
+def test_json_status_names_the_counters(sim: Path) -> None:
+    resolve(sim, "node1", "node2")
+    status = snapshot(sim)
+    counters = status["counters"]
+    assert isinstance(counters, dict)
+    assert list(counters) == sorted(wire.COUNTER_NAMES)  # printed with sorted keys
+    assert all(isinstance(value, int) for value in counters.values())
+    assert counters["resolve"] >= 1
+    endpoints = status["endpoints"]
+    assert isinstance(endpoints, list) and endpoints
+    for endpoint in endpoints:
+        assert set(endpoint["counters"]) == set(wire.COUNTER_NAMES)
+    # The same figures as the text form, which reads the daemon's arrays.
+    text = next(line for line in admin(sim, "status").stdout.splitlines() if "counters:" in line)
+    assert f"resolve {counters['resolve']}," in text
+
+
 def test_json_before_or_after_the_command(sim: Path) -> None:
     before = admin(sim, "--json", "status")
     after = admin(sim, "status", "--json")
@@ -121,6 +139,30 @@ def test_reload_reports_what_needs_a_restart(sim: Path) -> None:
     finally:
         opts.write_text(original)
         admin(sim, "reload")
+
+
+def test_a_refused_reload_says_so_once_and_lists_each_line(sim: Path) -> None:
+    opts = sim / "node2" / "ibacm_opts.cfg"
+    original = opts.read_text()
+    try:
+        opts.write_text(original + "timeout banana\nretries -5\n")
+        done = admin(sim, "reload", node="node2")
+        assert done.returncode == 1 and done.stdout == ""
+        lines = done.stderr.splitlines()
+        assert lines[0] == (
+            "ibacm-admin: reload refused (2 invalid settings); configuration unchanged "
+            "[invalid_config]"
+        )
+        assert [line.split(": ", 1)[1] for line in lines[1:]] == [
+            "timeout value 'banana' is not a number (accepted: an integer); the C daemon "
+            "would silently use 0 (atoi)",
+            "retries value -5 is below 0 and would not work (accepted: 0..); the C daemon "
+            "would use -5",
+        ]
+        assert done.stderr.count("refused") == 1
+    finally:
+        opts.write_text(original)
+    assert admin(sim, "reload", node="node2").returncode == 0
 
 
 def test_capture_records_a_resolution_then_stops(sim: Path, tmp_path: Path) -> None:

@@ -395,8 +395,31 @@ def test_address_file_for_an_unknown_simulated_node(tmp_path: Path) -> None:
         "ibv_get_device_list - no devices present?\nreturn status 0xffffffff\n"
     )
     assert "node9" in result.stderr
-    assert (tmp_path / "ibacm_addr.cfg").read_text() == ""  # created first, as in C
+    # C leaves the file it created empty, and ibacm then starts without an endpoint.
+    assert not (tmp_path / "ibacm_addr.cfg").exists()
     assert result.status == 255
+
+
+def test_a_failed_address_file_leaves_none_and_keeps_an_existing_one(tmp_path: Path) -> None:
+    (tmp_path / "topology.json").write_text(generate(2).to_json())
+    out = tmp_path / "etc"
+    args = ["-D", str(out), "--fabric", "sim", "--sim-dir", str(tmp_path), "--sim-node", "node9"]
+    result = run_tool("-A", "-O", *args)
+    assert result.status == 255
+    assert not (out / "ibacm_addr.cfg").exists()  # not even an empty one
+    assert not (out / "ibacm_opts.cfg").exists()  # -O is not reached after a failed -A
+    previous = "node1 mlx5_0 1 default\n"
+    (out / "ibacm_addr.cfg").write_text(previous)
+    (out / "ibacm_addr.cfg").chmod(0o640)
+    assert run_tool("-A", *args).status == 255
+    assert (out / "ibacm_addr.cfg").read_text() == previous
+    assert (out / "ibacm_addr.cfg").stat().st_mode & 0o777 == 0o640
+    # A working run replaces the whole of a longer file.
+    (out / "ibacm_addr.cfg").write_text(previous * 200)
+    good = ["-D", str(out), "--fabric", "sim", "--sim-dir", str(tmp_path), "--sim-node", "node2"]
+    assert run_tool("-A", *good).status == 0
+    expected = generate_addr_file([("mlx5_0", 1, True)], "node2")
+    assert (out / "ibacm_addr.cfg").read_text() == expected
 
 
 @pytest.mark.trio
