@@ -52,6 +52,26 @@ def log_text(app: Dashboard) -> str:
     return "\n".join(strip.text for strip in app.query_one("#log-pane", RichLog).lines)
 
 
+class WallClock:
+    """A wall clock the test moves: the dashboard shows it as "last update at"."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def banners(app: Dashboard) -> dict[str, str]:
+    """The stale banner of each tab that shows one, by tab."""
+    shown: dict[str, str] = {}
+    for tab in TAB_IDS:
+        banner = app.query_one(f"#{tab} .stale-banner", Static)
+        if banner.display:
+            shown[tab] = str(banner.render())
+    return shown
+
+
 async def connected(pilot: Pilot[None], app: Dashboard) -> None:
     await until(pilot, lambda: app.connected, "the dashboard to connect")
     await pilot.pause(app.refresh_interval * 2)
@@ -174,10 +194,17 @@ async def test_daemon_restart_shows_disconnected_then_reconnects(cluster: SimClu
         await until(pilot, lambda: "disconnected" in status(app), "the disconnected status")
         assert status(app).startswith("○ disconnected: ")
         assert "reconnecting in" in status(app)
+        # Every tab says its rows (endpoints still "ready", cache entries) are not live.
+        stale = banners(app)
+        assert set(stale) == set(TAB_IDS), stale
+        assert all(
+            text.startswith("STALE: disconnected; last update at ") for text in stale.values()
+        )
         cluster.start_daemon("node2", command)
         await until(pilot, lambda: app.connections == 2 and app.connected, "a reconnection")
         await pilot.pause(app.refresh_interval * 2)
         assert "● connected to node2" in status(app)
+        assert banners(app) == {}
         assert "mlx5_0/1/0xffff" in table(app, "endpoint-table").shown
         await pilot.press("5")
         await until(pilot, lambda: "reconnected to node2" in log_text(app), "the reconnect log")
@@ -377,26 +404,6 @@ async def test_escape_outside_the_cache_tab_changes_nothing_and_keys_keep_workin
         await pilot.press("q")
         await pilot.pause(0.2)
     assert app.return_code is not None or not app.is_running
-
-
-class WallClock:
-    """A wall clock the test moves: the dashboard shows it as "last update at"."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def banners(app: Dashboard) -> dict[str, str]:
-    """The stale banner of each tab that shows one, by tab."""
-    shown: dict[str, str] = {}
-    for tab in TAB_IDS:
-        banner = app.query_one(f"#{tab} .stale-banner", Static)
-        if banner.display:
-            shown[tab] = str(banner.render())
-    return shown
 
 
 @pytest.mark.asyncio
