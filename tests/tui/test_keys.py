@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 from textual.pilot import Pilot
+from textual.widget import Widget
 from textual.widgets import Input
 
 from tests.tui.lab import EP1, LabServer
@@ -157,3 +158,30 @@ async def test_the_filter_field_takes_text_and_lets_go(lab: LabServer) -> None:
         await until(pilot, lambda: len(cache.shown) == 3, "the whole cache again")
         await pilot.press("5")
         assert app._active_tab() == "log" and app.focused is app.query_one(TAB_BODIES["log"])
+
+
+@pytest.mark.asyncio
+async def test_a_tab_digit_moves_on_from_whichever_widget_has_the_focus(lab: LabServer) -> None:
+    app = dashboard(lab.path, "lab")
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot, app)
+        for index, tab in enumerate(TAB_IDS):
+            await pilot.press(DIGITS[tab])
+            # Every widget the Tab key reaches while this tab is shown (tab bar included).
+            reached: list[Widget] = []
+            while app.focused is not None and app.focused not in reached:
+                reached.append(app.focused)
+                await pilot.press("tab")
+            assert app.query_one(TAB_BODIES[tab]) in reached, tab
+            following = TAB_IDS[(index + 1) % len(TAB_IDS)]
+            for widget in reached:
+                if isinstance(widget, Input):
+                    continue  # keys are text there (see the test above)
+                await pilot.press(DIGITS[tab])
+                app.screen.set_focus(widget)
+                await pilot.press(DIGITS[following])
+                where = f"{DIGITS[following]} with the focus on {widget} ({tab})"
+                assert app._active_tab() == following, where
+                assert not typing(app), where
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "q to quit")
