@@ -106,6 +106,14 @@ COUNTER_COLUMNS = [
     ("hit_rate", "Hit rate"),
 ]
 TAB_IDS = ("endpoints", "groups", "cache", "counters", "log")
+TAB_BODIES = {
+    "endpoints": "#endpoint-table",
+    "groups": "#group-table",
+    "cache": "#cache-table",
+    "counters": "#counter-table",
+    "log": "#log-pane",
+}
+"""The widget of each tab that takes the keyboard focus when the tab is shown."""
 DAEMON_LEVELS = (0, 1, 2)
 
 
@@ -132,6 +140,9 @@ class Dashboard(App[None]):
     Sparkline { height: 3; width: 1fr; }
     #counter-table { height: auto; }
     #log-bar { height: 1; padding: 0 1; color: $text-muted; }
+    .stale-banner { display: none; height: auto; padding: 0 1; background: $error 25%; }
+    .stale-banner.shown { display: block; }
+    #tabs.stale DataTable { text-opacity: 60%; }
     ModalScreen { align: center middle; }
     #dialog { width: 72; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
     #dialog.help { width: 84; border: thick $primary; }
@@ -164,13 +175,14 @@ class Dashboard(App[None]):
         target: Target,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         refresh_interval: float = REFRESH_INTERVAL,
         backoff: tuple[float, float] = (BACKOFF_MIN, BACKOFF_MAX),
         snapshot_interval: float = SNAPSHOT_INTERVAL,
     ) -> None:
         super().__init__()
         self.target = target
-        self.model = DashboardModel(clock=clock)
+        self.model = DashboardModel(clock=clock, wall_clock=wall_clock)
         self.refresh_interval = refresh_interval
         self.backoff = backoff
         self.client: AdminClient | None = None
@@ -180,6 +192,8 @@ class Dashboard(App[None]):
         self.connections = 0
         """Successful connections so far (the first is not a reconnection)."""
         self._last_cache_sync = -1.0
+        self._stale_note: str | None = None
+        """The note the stale banners show ("" while live; None before the first refresh)."""
         self._resyncing = False
         self.snapshot_interval = snapshot_interval
         self._last_snapshot = clock()
@@ -190,17 +204,23 @@ class Dashboard(App[None]):
         yield Static("", id="status")
         with TabbedContent(initial="endpoints", id="tabs"):
             with TabPane("1 Endpoints", id="endpoints"):
+                yield _stale_banner()
                 yield KeyedTable(ENDPOINT_COLUMNS, id="endpoint-table")
                 yield Label("Ports", id="ports-title")
                 yield KeyedTable(PORT_COLUMNS, id="ports")
             with TabPane("2 Groups", id="groups"):
+                yield _stale_banner()
                 yield KeyedTable(GROUP_COLUMNS, id="group-table")
             with TabPane("3 Cache", id="cache"):
+                yield _stale_banner()
                 yield Input(
-                    placeholder="filter (/): endpoint, address, state...", id="cache-filter"
+                    placeholder="filter (/): endpoint, address, state...",
+                    id="cache-filter",
+                    select_on_focus=False,  # "/" goes on with the filter, it does not replace it
                 )
                 yield KeyedTable(CACHE_COLUMNS, id="cache-table")
             with TabPane("4 Counters", id="counters"):
+                yield _stale_banner()
                 yield Static("", id="summary")
                 yield Label("Over time (one sample per second)", id="plots-title")
                 with Horizontal(classes="plot-row"):
@@ -211,6 +231,7 @@ class Dashboard(App[None]):
                     yield Sparkline([], id="hits", summary_function=max)
                 yield KeyedTable(COUNTER_COLUMNS, id="counter-table")
             with TabPane("5 Log", id="log"), Vertical():
+                yield _stale_banner()
                 yield Static("", id="log-bar")
                 yield RichLog(id="log-pane", max_lines=2000, wrap=False, markup=False)
         yield Footer()
@@ -240,7 +261,9 @@ class Dashboard(App[None]):
             reason, was_connected = await self._one_connection()
             self.client = None
             self.connected = False
-            self.model.dirty.counters = True  # re-drawn marked stale
+            # Re-drawn at once, marked stale (and the cache ages stopped).
+            self.model.dirty.counters = self.model.dirty.cache = True
+            self.refresh_views()
             if was_connected:
                 delay = self.backoff[0]  # it worked a moment ago: try again soon
                 self._log_local("warning", f"disconnected from {self.target.label}: {reason}")
@@ -302,6 +325,7 @@ class Dashboard(App[None]):
 
     def _refresh_views(self) -> None:
         model, dirty = self.model, self.model.dirty
+        self._show_staleness()
         if dirty.endpoints:
             self._find("#endpoint-table", KeyedTable).sync(model.endpoint_rows())
             self._find("#ports", KeyedTable).sync(model.port_rows())
@@ -329,15 +353,26 @@ class Dashboard(App[None]):
 
     def _sync_cache(self) -> None:
         text = self._find("#cache-filter", Input).value
-        self._find("#cache-table", KeyedTable).sync(self.model.cache_rows(text))
+        # Disconnected, the ages stop where the daemon last told us about the entries.
+        now = None if self.connected else self.model.updated_at
+        self._find("#cache-table", KeyedTable).sync(self.model.cache_rows(text, now=now))
+
+    def _show_staleness(self) -> None:
+        """Every tab says so when its data is not live, and since when it has not moved."""
+        note = "" if self.connected else self.model.stale_note()
+        if note == self._stale_note:
+            return
+        self._stale_note = note
+        with contextlib.suppress(NoMatches):  # shutting down
+            self._find("#tabs", TabbedContent).set_class(bool(note), "stale")
+            for banner in self._main_screen.query(".stale-banner").results(Static):
+                banner.update(Text(note))
+                banner.set_class(bool(note), "shown")
 
     def _refresh_counters(self) -> None:
         summary = self.model.summary()
-        # While disconnected the numbers are the last ones seen, not live: say so.
-        stale = () if self.connected else (("STALE: disconnected, last values seen\n", "bold red"),)
         self._find("#summary", Static).update(
             Text.assemble(
-                *stale,
                 ("Resolves ", "bold"),
                 f"{summary['resolves']}  ({summary['resolves_per_second']})   ",
                 ("Route cache hit rate ", "bold"),
@@ -379,9 +414,7 @@ class Dashboard(App[None]):
             pane.write(_styled(record))
 
     def _log_local(self, level: str, text: str) -> None:
-        self.model.apply_event(
-            EventMessage("log", {"event": text, "level": level, "logger": "ibacm-tui"}, 0.0)
-        )
+        self.model.add_local_log(level, text)
 
     def _update_log_bar(self) -> None:
         self._find("#log-bar", Static).update(
@@ -407,7 +440,16 @@ class Dashboard(App[None]):
 
     # -- actions -----------------------------------------------------------------------------
     def action_show_tab(self, tab: str) -> None:
-        self._find("#tabs", TabbedContent).active = tab
+        tabs = self._find("#tabs", TabbedContent)
+        focused = self._main_screen.focused
+        tabs.active = tab
+        if focused is not None and tabs.active_pane is not None:
+            leaving = [pane for pane in focused.ancestors if isinstance(pane, TabPane)]
+            if leaving and leaving[0] is not tabs.active_pane:
+                # Focus must not stay in the pane being hidden: Textual would hand it to a
+                # visible sibling there (on Cache, the filter field), which shows that pane
+                # again and takes every later key as text. Give it to the new tab instead.
+                self._main_screen.set_focus(self._find(TAB_BODIES[tab], Widget))
 
     def action_help(self) -> None:
         if self._modal_open():
@@ -418,14 +460,8 @@ class Dashboard(App[None]):
         return self._find("#tabs", TabbedContent).active
 
     def _active_table(self) -> KeyedTable | None:
-        table_ids = {
-            "endpoints": "#endpoint-table",
-            "groups": "#group-table",
-            "cache": "#cache-table",
-            "counters": "#counter-table",
-        }
-        table_id = table_ids.get(self._active_tab())
-        return self._find(table_id, KeyedTable) if table_id else None
+        body = self._find(TAB_BODIES[self._active_tab()], Widget)
+        return body if isinstance(body, KeyedTable) else None
 
     def action_sort(self) -> None:
         table = self._active_table()
@@ -546,6 +582,11 @@ class Dashboard(App[None]):
             if isinstance(snapshot, dict):
                 self.model.apply_snapshot(snapshot)
                 self._set_connected_status()
+
+
+def _stale_banner() -> Static:
+    """The line over a tab's data that says it is not live (shown only then)."""
+    return Static("", classes="stale-banner")
 
 
 def _flush_args(target: FlushTarget) -> dict[str, Any]:

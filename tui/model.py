@@ -12,6 +12,7 @@ accept the field spellings documented in ``docs/admin-protocol.md`` plus close v
 from __future__ import annotations
 
 import collections
+import datetime
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -240,6 +241,8 @@ class Dirty:
 @dataclass
 class DashboardModel:
     clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+    """Only for telling the operator when the data was last updated."""
     daemon: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     ports: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -262,12 +265,18 @@ class DashboardModel:
     needs_snapshot: bool = False
     """Events were lost: the app should ask for a fresh snapshot."""
     dirty: Dirty = field(default_factory=Dirty)
+    updated_at: float | None = None
+    """``clock`` time of the last snapshot or event from the daemon (None: nothing yet)."""
+    updated_wall: float | None = None
+    """The same moment on the wall clock, as shown to the operator."""
     _last_stats: tuple[float, list[int]] | None = None
+    _instance: tuple[Any, Any] | None = None
+    """(pid, start time) of the daemon the rates were measured on."""
 
     # -- snapshot ----------------------------------------------------------------------------
     def apply_snapshot(self, snapshot: Mapping[str, Any]) -> None:
         """Replace everything with a snapshot (after connect, reconnect or lost events)."""
-        now = self.clock()
+        now = self._touch()
         daemon, options = snapshot.get("daemon"), snapshot.get("options")
         self.daemon = dict(daemon) if isinstance(daemon, Mapping) else {}
         self.options = dict(options) if isinstance(options, Mapping) else {}
@@ -280,9 +289,25 @@ class DashboardModel:
             if isinstance(raw, Mapping) and raw.get("id") is not None:
                 self._load_endpoint(raw, now)
         self.needs_snapshot = False
-        # The rate baseline (_last_stats) is kept: a restarted daemon shows as counters going
-        # down, which _stats handles.
+        # Rates are differences between samples of one daemon: another daemon (restarted, or
+        # replaced behind the same socket) starts them over, even before its counters catch
+        # up with the old ones (which "counters went down" in _stats could not tell).
+        instance = (self.daemon.get("pid"), self.daemon.get("started"))
+        if instance != self._instance:
+            self._instance = instance
+            self.restart_rates()
         self.dirty = Dirty()
+
+    def restart_rates(self) -> None:
+        """Forget the rate history and its baseline."""
+        self._last_stats = None
+        self.resolves_per_second.clear()
+        self.hit_rates.clear()
+
+    def _touch(self) -> float:
+        now = self.clock()
+        self.updated_at, self.updated_wall = now, self.wall_clock()
+        return now
 
     def _load_endpoint(self, raw: Mapping[str, Any], now: float) -> None:
         ep = str(raw["id"])
@@ -333,6 +358,8 @@ class DashboardModel:
 
     # -- events ------------------------------------------------------------------------------
     def apply_event(self, event: EventMessage) -> None:
+        """Fold in one event from the daemon."""
+        self._touch()
         kind = event.event.removeprefix("acmp.")
         data = event.data
         if kind == "log":
@@ -398,6 +425,10 @@ class DashboardModel:
         else:
             self.hit_rates.append(0.0)
 
+    def add_local_log(self, level: str, text: str) -> None:
+        """A line of the dashboard's own (not from the daemon: the data is no fresher)."""
+        self._add_log(log_record({"event": text, "level": level, "logger": "ibacm-tui"}))
+
     def _add_log(self, record: LogRecord) -> None:
         self.logs.append(record)
         self.new_logs.append(record)
@@ -444,8 +475,11 @@ class DashboardModel:
     def group_rows(self) -> dict[str, tuple[str, ...]]:
         return {f"{ep}|{mgid}": row.cells() for (ep, mgid), row in self.groups.items()}
 
-    def cache_rows(self, text_filter: str = "") -> dict[str, tuple[str, ...]]:
-        now = self.clock()
+    def cache_rows(
+        self, text_filter: str = "", *, now: float | None = None
+    ) -> dict[str, tuple[str, ...]]:
+        """Rows matching the filter, with ages as of ``now`` (default: the clock)."""
+        now = self.clock() if now is None else now
         needle = text_filter.strip().lower()
         rows: dict[str, tuple[str, ...]] = {}
         for (ep, dest), row in self.cache.items():
@@ -481,6 +515,14 @@ class DashboardModel:
             "groups": str(len(self.groups)),
             "dropped": str(self.dropped_events),
         }
+
+    def stale_note(self) -> str:
+        """What to say over data that is not live: since when it has not moved."""
+        if self.updated_at is None or self.updated_wall is None:
+            return "not connected: no data from the daemon yet"
+        stamp = datetime.datetime.fromtimestamp(self.updated_wall).strftime("%H:%M:%S")
+        ago = format_age(self.clock() - self.updated_at)
+        return f"STALE: disconnected; last update at {stamp} ({ago} ago), values as they were then"
 
     def filtered_logs(
         self, min_level: str, records: Iterable[LogRecord] | None = None

@@ -21,7 +21,7 @@ HELP_TEXT = """\
 [b]Tables[/b]
   ↑ ↓ PgUp PgDn  move       s  sort by the next column (again: reverse)
   click a column header to sort by it
-  /  filter the cache (matches any column)     escape  clear the filter
+  /  filter the cache (matches any column): enter keeps it, escape clears it
 
 [b]Actions[/b] (each asks for confirmation)
   f  flush the cache: the selected destination, its endpoint, or everything
@@ -33,8 +33,9 @@ HELP_TEXT = """\
 
   ?  this help        q  quit
 
-When the daemon goes away the status line says [b]disconnected[/b]; the dashboard
-reconnects by itself and reloads everything when the daemon is back.
+When the daemon goes away the status line says [b]disconnected[/b] and each tab
+[b]STALE[/b], with the time of the last update. The dashboard reconnects by
+itself and reloads everything (rates start over with a restarted daemon).
 """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from ibacm.wire.admin import EventMessage
 from tests.tui.cluster import SimCluster
 from tests.tui.lab import EP1, LabServer
 from tests.tui.workload import BackgroundWorkload, resolve_when_ready
-from tui.app import Dashboard, Target
+from tui.app import TAB_IDS, Dashboard, Target
+from tui.model import RESOLVE
 from tui.screens import ConfirmScreen, FlushScreen, HelpScreen
 from tui.tables import KeyedTable
 
@@ -48,6 +50,26 @@ def status(app: Dashboard) -> str:
 
 def log_text(app: Dashboard) -> str:
     return "\n".join(strip.text for strip in app.query_one("#log-pane", RichLog).lines)
+
+
+class WallClock:
+    """A wall clock the test moves: the dashboard shows it as "last update at"."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def banners(app: Dashboard) -> dict[str, str]:
+    """The stale banner of each tab that shows one, by tab."""
+    shown: dict[str, str] = {}
+    for tab in TAB_IDS:
+        banner = app.query_one(f"#{tab} .stale-banner", Static)
+        if banner.display:
+            shown[tab] = str(banner.render())
+    return shown
 
 
 async def connected(pilot: Pilot[None], app: Dashboard) -> None:
@@ -172,14 +194,55 @@ async def test_daemon_restart_shows_disconnected_then_reconnects(cluster: SimClu
         await until(pilot, lambda: "disconnected" in status(app), "the disconnected status")
         assert status(app).startswith("○ disconnected: ")
         assert "reconnecting in" in status(app)
+        # Every tab says its rows (endpoints still "ready", cache entries) are not live.
+        stale = banners(app)
+        assert set(stale) == set(TAB_IDS), stale
+        assert all(
+            text.startswith("STALE: disconnected; last update at ") for text in stale.values()
+        )
         cluster.start_daemon("node2", command)
         await until(pilot, lambda: app.connections == 2 and app.connected, "a reconnection")
         await pilot.pause(app.refresh_interval * 2)
         assert "● connected to node2" in status(app)
+        assert banners(app) == {}
         assert "mlx5_0/1/0xffff" in table(app, "endpoint-table").shown
         await pilot.press("5")
         await until(pilot, lambda: "reconnected to node2" in log_text(app), "the reconnect log")
         assert "disconnected from node2" in log_text(app)
+
+
+@pytest.mark.asyncio
+async def test_rates_start_over_with_a_restarted_daemon(cluster: SimCluster) -> None:
+    app = dashboard(cluster.admin_socket("node2"), "node2")
+    client = cluster.client_socket("node2")
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot, app)
+        await pilot.press("4")
+        rps = app.query_one("#rps", Sparkline)
+        assert resolve_when_ready(client, "node2", "node1") == 0
+        with BackgroundWorkload(client, "node2", ["node1"]):
+            await until(
+                pilot,
+                lambda: any(value > 5 for value in rps.data or []),
+                "the old daemon's resolve rate",
+            )
+        assert app.model.counters[RESOLVE] > 5
+        command = cluster.stop_daemon("node2")
+        await until(pilot, lambda: not app.connected, "the disconnection")
+        cluster.start_daemon("node2", command)
+        await until(pilot, lambda: app.connected and app.connections == 2, "the reconnection")
+        # The new daemon resolves nothing: every rate shown from now on is its own, 0, and
+        # none of the old daemon's is left next to its total.
+        await until(pilot, lambda: len(rps.data or []) >= 3, "two samples of the new daemon")
+
+        def summary() -> str:
+            return str(app.query_one("#summary", Static).render())
+
+        assert summary().startswith("Resolves 0  (0.0/s)"), summary()
+        assert set(rps.data or []) == {0.0}
+        assert str(app.query_one("#rps-label", Static).render()) == "Resolves/s  0.0"
+        assert set(app.query_one("#hits", Sparkline).data or []) == {0.0}
+        assert "(last second 0.0%)" in summary()
 
 
 # -- against the lab server (fast, exact) ----------------------------------------------------
@@ -344,19 +407,43 @@ async def test_escape_outside_the_cache_tab_changes_nothing_and_keys_keep_workin
 
 
 @pytest.mark.asyncio
-async def test_numbers_are_marked_stale_while_disconnected(lab: LabServer) -> None:
-    app = dashboard(lab.path, "lab")
+async def test_every_tab_marks_its_data_stale_with_the_time_of_the_last_update(
+    lab: LabServer,
+) -> None:
+    wall = WallClock(1_790_000_000.0)
+    app = Dashboard(
+        Target(str(lab.path), "lab"), wall_clock=wall, backoff=(0.1, 0.4), snapshot_interval=0
+    )
+    key = f"{EP1}|10.0.0.3"
     async with app.run_test(size=SIZE) as pilot:
         await connected(pilot, app)
-        await pilot.press("4")
-
-        def summary() -> str:
-            return str(app.query_one("#summary", Static).render())
-
-        await until(pilot, lambda: "Resolves" in summary(), "the counters")
-        assert "STALE" not in summary()
+        assert banners(app) == {}
+        await pilot.press("3")
+        cache = table(app, "cache-table")
+        # The last word from the daemon: an event, at a wall time the test knows.
+        wall.now += 3600 + 61
+        lab.publish("cache", {"endpoint": EP1, "dest": "10.0.0.3", "state": "READY", "hits": 7})
+        await until(pilot, lambda: cache.shown.get(key, ("",) * 7)[5] == "7", "the event")
+        last_update = time.strftime("%H:%M:%S", time.localtime(wall.now))
+        wall.now += 600  # later than the last update: the banner must not show this time
         lab.stop()
-        await until(pilot, lambda: "STALE" in summary(), "the stale mark")
+        await until(pilot, lambda: len(banners(app)) == len(TAB_IDS), "a banner on every tab")
+        for tab, text in banners(app).items():
+            assert text.startswith("STALE: disconnected; last update at "), (tab, text)
+            assert f" {last_update} " in text, (tab, text)
+        assert app.query_one("#tabs").has_class("stale")  # the tables are dimmed
+        # The cache rows are as they were: their ages no longer move.
+        age = cache.shown[key][4]
+        await pilot.pause(2.2)
+        assert cache.shown[key][4] == age
         assert "(stale)" in str(app.query_one("#rps-label", Static).render())
+        # Each tab, shown, says so too (the banner is part of the tab, not of one view).
+        for digit in "12345":
+            await pilot.press(digit)
+            banner = app.query_one(f"#{TAB_IDS[int(digit) - 1]} .stale-banner", Static)
+            assert banner.display and banner.region.height > 0
         lab.start()
-        await until(pilot, lambda: app.connected and "STALE" not in summary(), "live again")
+        await until(pilot, lambda: app.connected, "the reconnection")
+        await until(pilot, lambda: banners(app) == {}, "the banners to go")
+        assert not app.query_one("#tabs").has_class("stale")
+        await until(pilot, lambda: cache.shown[key][4] != age, "ages to move again")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -232,3 +233,51 @@ def test_natural_sort_key() -> None:
     assert sorted(["75.0%", "8.5%"], key=natural_key) == ["8.5%", "75.0%"]
     assert sorted(["0x0010", "0x0002"], key=natural_key) == ["0x0002", "0x0010"]
     assert sorted(cells, key=natural_key)[-2:] == ["-", "node2"]  # text after numbers
+
+
+def test_rates_start_over_with_another_daemon_only() -> None:
+    model = DashboardModel(clock=Clock())
+    first = snapshot()
+    first["daemon"].update(pid=100, started=1000.0)
+    model.apply_snapshot(first)
+    model.apply_event(event("stats", 10.0, counters=[0, 100, 0, 0, 0, 0, 50]))
+    model.apply_event(event("stats", 11.0, counters=[0, 140, 0, 0, 0, 0, 80]))
+    assert list(model.resolves_per_second) == [40.0]
+    model.apply_snapshot(first)  # a resync (or a reconnection) to the same daemon keeps them
+    model.apply_event(event("stats", 12.0, counters=[0, 150, 0, 0, 0, 0, 90]))
+    assert list(model.resolves_per_second) == [40.0, 10.0]
+    # A restarted daemon: its first sample is a new baseline, even with counters that already
+    # passed the old ones (no "counters went down" to notice).
+    second = snapshot()
+    second["daemon"].update(pid=200, started=2000.0)
+    model.apply_snapshot(second)
+    assert list(model.resolves_per_second) == [] and list(model.hit_rates) == []
+    assert model.summary()["resolves_per_second"] == "-"
+    assert model.summary()["recent_hit_rate"] == "-"
+    model.apply_event(event("stats", 13.0, counters=[0, 500, 0, 0, 0, 0, 0]))
+    assert list(model.resolves_per_second) == []
+    model.apply_event(event("stats", 14.0, counters=[0, 503, 0, 0, 0, 0, 3]))
+    assert list(model.resolves_per_second) == [3.0] and list(model.hit_rates) == [1.0]
+
+
+def test_the_last_update_is_the_last_word_from_the_daemon() -> None:
+    clock = Clock()
+    wall = 1_790_000_000.0
+    model = DashboardModel(clock=clock, wall_clock=lambda: wall)
+    assert model.stale_note() == "not connected: no data from the daemon yet"
+    model.apply_snapshot(snapshot(cache=[{"dest": "x", "age": 5}]))
+    clock.now += 30
+    wall += 30
+    model.apply_event(event("stats", 1.0, counters=[0, 1]))
+    clock.now += 100
+    wall += 100
+    model.add_local_log("warning", "disconnected")  # the dashboard's own line: no news
+    assert model.updated_at == 130.0
+    stamp = time.strftime("%H:%M:%S", time.localtime(1_790_000_030.0))
+    assert model.stale_note() == (
+        f"STALE: disconnected; last update at {stamp} (1m40s ago), values as they were then"
+    )
+    assert "ibacm-tui: disconnected" in model.logs[-1].text
+    # Ages as of the last update stand still; by the clock they move on.
+    assert model.cache_rows(now=model.updated_at)[f"{EP}|x"][4] == "35s"
+    assert model.cache_rows()[f"{EP}|x"][4] == "2m15s"
