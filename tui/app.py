@@ -40,7 +40,7 @@ from textual.widgets import (
 
 from ibacm import __version__
 from ibacm.tools.admin_target import admin_target
-from ibacm.wire.admin import EventMessage
+from ibacm.wire.admin import ErrorCode, EventMessage
 from tui.client import AdminClient, AdminCommandError, AdminConnectionError
 from tui.model import LEVELS, DashboardModel, LogRecord
 from tui.screens import ConfirmScreen, FlushScreen, FlushTarget, HelpScreen
@@ -567,7 +567,8 @@ class Dashboard(App[None]):
             result = await client.call(cmd, **args)
         except (AdminConnectionError, AdminCommandError) as exc:
             self.notify(f"{what} failed: {exc}", severity="error", timeout=6)
-            self._log_local("error", f"{what} failed: {exc}")
+            if not _logged_by_daemon(exc):
+                self._log_local("error", f"{what} failed: {exc}")
             return
         if cmd == "flush" and isinstance(result, dict):
             self.notify(f"{what}: {result.get('flushed', 0)} entries dropped")
@@ -582,6 +583,12 @@ class Dashboard(App[None]):
             if isinstance(snapshot, dict):
                 self.model.apply_snapshot(snapshot)
                 self._set_connected_status()
+
+
+def _logged_by_daemon(exc: Exception) -> bool:
+    """Whether the daemon's own log (shown on the Logs tab) already says why the command
+    failed: a refused reload logs its problems, so the dashboard does not say it twice."""
+    return isinstance(exc, AdminCommandError) and exc.code == ErrorCode.INVALID_CONFIG
 
 
 def _stale_banner() -> Static:

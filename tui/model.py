@@ -216,12 +216,21 @@ class LogRecord:
         return _LEVEL_RANK.get(self.level, 1)
 
 
+def _clock_of(stamp: str) -> str:
+    """The time of day of an ISO 8601 stamp as the daemon wrote it, without its UTC offset
+    (one daemon's lines share it; the line is short)."""
+    try:
+        return datetime.datetime.fromisoformat(stamp).strftime("%H:%M:%S.%f")[:-3]
+    except ValueError:
+        return stamp.split("T", 1)[-1]
+
+
 def log_record(data: Mapping[str, Any]) -> LogRecord:
     """A log event's data as one display line."""
     level = str(data.get("level", "info")).lower()
     message = _text(data.get("event"), "")
     stamp = _text(data.get("timestamp"), "")
-    clock = stamp.split("T", 1)[-1] if stamp else ""
+    clock = _clock_of(stamp)
     logger = _text(data.get("logger"), "")
     skip = {"event", "level", "timestamp", "logger"}
     extras = " ".join(f"{k}={v}" for k, v in data.items() if k not in skip)

@@ -181,6 +181,8 @@ async def test_a_refused_reload_shows_each_problem(cluster: SimCluster) -> None:
             await pilot.press("r", "y")
             await until(pilot, lambda: "reload refused" in log_text(app), "the refusal")
             assert "timeout value 'banana' is not a number" in log_text(app)
+            await pilot.pause(0.5)  # the command's reply, after the daemon's log event
+            assert log_text(app).count("reload refused") == 1, log_text(app)
     finally:
         opts.write_text(good)
 

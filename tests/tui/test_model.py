@@ -177,6 +177,10 @@ def test_log_records_and_level_filter() -> None:
         }
     )
     assert record.text == "03:04:05.678 WARNING ibacm.acmp: resolved dest=node2"
+    # The daemon's stamps carry their UTC offset (ISO 8601); the line shows the time of day.
+    offset = log_record({"event": "x", "timestamp": "2026-01-02T03:04:05.678912+05:30"})
+    assert offset.text == "03:04:05.678 INFO    x"
+    assert log_record({"event": "x", "timestamp": "soon"}).text == "soon INFO    x"
     model = DashboardModel(clock=Clock())
     for level in ("debug", "info", "warning", "error", "critical", "strange"):
         model.apply_event(event("log", event=level, level=level))
