@@ -151,6 +151,15 @@ def raise_fd_limit() -> int:
     return target
 
 
+_HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _hold_signals() -> None:
+    """Ignore the signals the daemon handles (see ``Daemon._signals``)."""
+    for signum in _HELD_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def parse_destination(text: str) -> tuple[AddrType, bytes]:
     """An admin ``flush`` destination: an IPv4/IPv6 literal or a name (64-byte info)."""
     text = text.strip()
@@ -478,10 +487,16 @@ class Daemon:
         log.info("serving the kernel local SA service")
 
     async def _signals(self, *, task_status: trio.TaskStatus[None]) -> None:
+        # The receiver restores on closing the handlers it found: SIG_IGN, kept to the
+        # process's end, so a second SIGTERM or a logrotate SIGHUP (or one the receiver still
+        # held) never kills a daemon saving its cache and releasing its lock on the way out.
+        _hold_signals()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             task_status.started()
             async for signum in signals:
-                if signum == signal.SIGHUP:
+                if self._stop.is_set():  # stopping: no reload, no second warning
+                    log.debug("signal ignored: shutting down", signal=signal.Signals(signum).name)
+                elif signum == signal.SIGHUP:
                     log.info("SIGHUP: reopening the log and reloading the configuration")
                     if self.log_control is not None:
                         self.log_control.reopen()

@@ -160,6 +160,27 @@ def test_sigterm_saves_the_cache_and_the_next_start_restores_it(cluster: Node1) 
     assert (reply[2], len(reply)) == (AcmStatus.SUCCESS, 88)
 
 
+def test_signals_during_the_shutdown_never_kill_it(cluster: Node1) -> None:
+    """An impatient second SIGTERM, a Ctrl-C or logrotate's SIGHUP while the daemon stops:
+    it still finishes (cache saved, socket gone) and exits 0, not killed by the signal."""
+    assert blocking_request(cluster.socket, RESOLVE)[2] == AcmStatus.SUCCESS
+    assert cluster.process is not None
+    cluster.signal(signal.SIGTERM)
+    sent = 0
+    deadline = time.monotonic() + 20
+    while cluster.process.poll() is None and time.monotonic() < deadline:
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            cluster.signal(signum)  # an exited child stays a zombie until waited for
+            sent += 1
+        time.sleep(0.001)
+    assert cluster.wait_exit() == 0, f"after {sent} more signals"
+    assert not Path(cluster.socket).exists()
+    assert cluster.cache_file.exists()
+    events = [json.loads(line)["event"] for line in (cluster.dir / "ibacm.log").open()]
+    last_run = events[len(events) - events[::-1].index("shutting down") :]
+    assert "configuration reloaded" not in last_run and last_run[-1] == "ibacm stopped", last_run
+
+
 def test_sighup_keeps_clients_and_cache(cluster: Node1) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as kept:
         kept.settimeout(10)
