@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from ibacm.fabric.sim.topology import Topology
-from tests.conftest import ibacm_sim, require_peer
+from tests.conftest import ibacm_sim, require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
 NODES = 4
+PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs/device.cpython-311-x86_64-linux-gnu.so")
 WAIT = 20.0
 """Seconds to wait for something the fabric makes happen in milliseconds (load is shared)."""
 
@@ -64,12 +65,17 @@ class Sim:
         return dict(endpoints[0]["sm_events"])
 
 
-@pytest.fixture
-def sim() -> Iterator[Sim]:
+@pytest.fixture(params=["sim", "hw"])
+def sim(request: pytest.FixtureRequest) -> Iterator[Sim]:
+    """node1 runs on the simulated fabric, or with ``--fabric hw`` on the real pyverbs and
+    libibumad through the emulated HCA (its umad SA agent, as on hardware)."""
     require_peer("ib_acme")
+    kind_args = ["--hw", "node1"] if request.param == "hw" else []
+    if kind_args:
+        require_file(PYVERBS)
     directory = Path(tempfile.mkdtemp(prefix="smevents"))
     try:
-        up = ibacm_sim("up", "--nodes", str(NODES), "--dir", str(directory))
+        up = ibacm_sim("up", "--nodes", str(NODES), "--dir", str(directory), *kind_args)
         if up.returncode != 0:
             pytest.fail(f"ibacm-sim up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
         yield Sim(directory, Topology.from_json((directory / "topology.json").read_text()))
