@@ -151,11 +151,11 @@ class SmEvents:
                 self.counts["dropped"] += dropped
                 log.info("GID out of service: its entries dropped", port=self._name,
                          gid=_text(gid), entries=dropped)  # fmt: skip
-                core.publish("sm_event", {"trap": 65, "gid": _text(gid), "dropped": dropped})
+                core.publish("acmp.sm_event", {"trap": 65, "gid": _text(gid), "dropped": dropped})
             elif notice.trap_num == Trap.GID_IN_SERVICE:
                 self.counts["gid_in"] += 1
                 log.info("GID in service", port=self._name, gid=_text(gid))
-                core.publish("sm_event", {"trap": 64, "gid": _text(gid), "dropped": 0})
+                core.publish("acmp.sm_event", {"trap": 64, "gid": _text(gid), "dropped": 0})
 
     def gid_out_of_service(self, gid: bytes) -> int:
         """Drop what leads to ``gid`` in every endpoint of the port; how many entries."""

@@ -8,6 +8,8 @@ the next request for it does not get the dead path from the cache.
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 import trio
 
@@ -82,7 +84,7 @@ async def test_gid_out_of_service_drops_the_entries_that_lead_to_it(
         # The next request resolves afresh: node3 does not answer, a clear failure.
         result = await c["node1"].resolve(src, dead)
         assert result.status == AcmStatus.ETIMEDOUT
-        assert ("sm_event", {"trap": 65, "gid": _text(gid(c, "node3")), "dropped": 1}) in (
+        assert ("acmp.sm_event", {"trap": 65, "gid": _text(gid(c, "node3")), "dropped": 1}) in (
             c["node1"].core.events
         )
 
@@ -146,6 +148,4 @@ async def test_a_refused_subscription_is_retried_with_a_backoff(autojump_clock: 
 
 
 def _text(raw: bytes) -> str:
-    import ipaddress
-
     return str(ipaddress.IPv6Address(raw))
