@@ -18,6 +18,7 @@ from ibacm.acmp.events import BACKOFF_MAX
 from ibacm.config.options import Options
 from ibacm.wire.client import AcmStatus, AddrType
 from ibacm.wire.mad import SaAttr
+from ibacm.wire.notice import Notice, Trap, build_report
 from tests.acmp.harness import Cluster, cluster, ipv4
 
 pytestmark = pytest.mark.trio
@@ -149,3 +150,31 @@ async def test_a_refused_subscription_is_retried_with_a_backoff(autojump_clock: 
 
 def _text(raw: bytes) -> str:
     return str(ipaddress.IPv6Address(raw))
+
+
+async def test_a_garbled_report_is_counted_and_the_port_keeps_serving(
+    autojump_clock: object,
+) -> None:
+    async with cluster(3) as c:
+        await settle()
+        runtime = c.world.port("node1", "mlx5_0", 1)
+        notice = Notice.gid_trap(
+            Trap.GID_OUT_OF_SERVICE, gid(c, "node3"), issuer_lid=1, issuer_gid=gid(c, "node2")
+        )
+        garbled = bytearray(build_report(77, notice))
+        garbled[17] = 0x35  # a "Report" of a PathRecord
+        for deliver in list(runtime.agents.values()):
+            deliver(bytes(garbled))
+        await settle()
+        events = sm_events(c, "node1")
+        assert events["bad_reports"] == 1 and events.get("gid_out", 0) == 0
+        src, dst = ipv4(c.world, "node1"), ipv4(c.world, "node3")
+        assert (await c["node1"].resolve(src, dst)).status == AcmStatus.SUCCESS
+        # The same Report well formed is acted on, and once only when the SA sends it again.
+        for _ in range(2):
+            for deliver in list(runtime.agents.values()):
+                deliver(build_report(78, notice))
+            await settle()
+        events = sm_events(c, "node1")
+        assert (events["gid_out"], events["repeated"], events["acked"]) == (1, 1, 2)
+        assert c.endpoint("node1").cache.get(cache_key(AddrType.IP, dst.info)) is None

@@ -106,6 +106,11 @@ async def test_unsubscribe_and_bad_subscriptions(autojump_clock: trio.abc.Clock)
         assert security.mad.status == sa_status_word(SaStatus.REQ_INVALID)
         bad = await subscribe(node1, 65, 5, subscribe=2)
         assert bad.mad.status == sa_status_word(SaStatus.REQ_INVALID)
+        garbled = bytearray(build_inform_info_set(6, InformInfo(trap_num=65)))
+        garbled[56 + 22] = 7  # IsGeneric neither 0 nor 1
+        reply = SaMad.decode(await node1.sa(bytes(garbled)))
+        assert reply.mad.status == sa_status_word(SaStatus.REQ_INVALID)
+        assert world.stats["sa_internal_error"] == 0
         world.set_port_state("node3", "mlx5_0", 1, False)
         with trio.move_on_after(1):
             await node1.port.sa_report()

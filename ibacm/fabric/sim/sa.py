@@ -250,7 +250,10 @@ class SubnetAdministrator:
     # -- event subscriptions --------------------------------------------------------------
 
     def _inform(self, requester: SaEndpoint, request: SaMad) -> list[bytes]:
-        info = InformInfo.decode(request.data[:INFORM_INFO_LEN])
+        try:
+            info = InformInfo.decode(request.data[:INFORM_INFO_LEN])
+        except WireError:
+            raise _invalid() from None  # e.g. IsGeneric neither 0 nor 1
         if info.subscribe > 1:
             raise _invalid()
         if request.sa.sm_key == 0 and info.is_generic and info.trap_num in _SECURITY_TRAPS:
