@@ -153,3 +153,28 @@ async def test_reports_reach_a_daemon_across_the_hub(tmp_path: Path) -> None:
                 await trio.sleep(0.01)
         await fabric.aclose()
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_subscription_for_one_gid_or_lid_range_hears_only_about_it(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with three_nodes() as (world, node1, node2, node3):
+        one_gid = InformInfo(trap_num=65, gid=node3.gid)
+        assert SaMad.decode(await node1.sa(build_inform_info_set(1, one_gid))).mad.status == 0
+        lids = InformInfo(trap_num=65, lid_range_begin=node3.lid, lid_range_end=node3.lid)
+        assert SaMad.decode(await node2.sa(build_inform_info_set(2, lids))).mad.status == 0
+        unknown = InformInfo(trap_num=65, gid=node3.gid[:8] + bytes(7) + b"\x99")
+        refused = SaMad.decode(await node1.sa(build_inform_info_set(3, unknown)))
+        assert refused.mad.status == sa_status_word(SaStatus.REQ_INVALID)
+        world.set_port_state("node2", "mlx5_0", 1, False)
+        with trio.move_on_after(1):
+            await node1.port.sa_report()
+            pytest.fail("a subscription for node3's GID heard about node2")
+        world.set_port_state("node2", "mlx5_0", 1, True)
+        # node2 lost its subscription with its port: subscribe again, then node3 goes.
+        assert SaMad.decode(await node2.sa(build_inform_info_set(4, lids))).mad.status == 0
+        world.set_port_state("node3", "mlx5_0", 1, False)
+        for node in (node1, node2):
+            _report, notice = await next_report(node)
+            assert notice.subject_gid == node3.gid

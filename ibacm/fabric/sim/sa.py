@@ -291,16 +291,17 @@ class SubnetAdministrator:
         )
         subject = self.fabric.endpoint_by_guid(guid)
         subject_pkeys = subject.pkeys if subject is not None else ()
+        wanting: dict[int, bool] = {}
+        for (subscriber, _key), info in self.subscriptions.items():
+            if not wanting.get(subscriber):
+                wanting[subscriber] = info.matches(notice) and _covers(info, gid, subject)
         out: list[tuple[int, bytes]] = []
-        for subscriber in sorted({sub for sub, _ in self.subscriptions}):
+        for subscriber in sorted(sub for sub, wants in wanting.items() if wants):
             port = self.fabric.endpoint_by_guid(subscriber)
             if port is None or subscriber == guid:
                 continue
             if subject_pkeys and _common_pkey(port.pkeys, subject_pkeys) is None:
                 continue  # OpenSM reports GIDs only to ports of a shared partition
-            infos = [i for (sub, _), i in self.subscriptions.items() if sub == subscriber]
-            if not any(i.matches(notice) and _covers(i, gid, subject) for i in infos):
-                continue
             self._report_tid = (self._report_tid + 1) & 0xFFFFFFFF or 1
             mad = build_report(self._report_tid, notice)
             self.unacked[self._report_tid] = PendingReport(subscriber, mad)
