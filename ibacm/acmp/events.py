@@ -90,8 +90,10 @@ class SmEvents:
                     await self._subscribe(trap)
             except (FabricError, WireError) as exc:
                 self.counts["refused"] += 1
-                log.warning("SM event subscription failed", port=self._name, error=str(exc),
-                            retry_in=backoff)  # fmt: skip
+                # Said once per outage; an SM without event support must not fill the log.
+                report = log.warning if backoff == BACKOFF_FIRST else log.debug
+                report("SM event subscription failed", port=self._name, error=str(exc),
+                       retry_in=backoff)  # fmt: skip
                 with trio.move_on_after(backoff):
                     await self._again.wait()
                 backoff = min(backoff * 2, BACKOFF_MAX)
