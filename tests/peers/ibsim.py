@@ -161,15 +161,17 @@ def _process(
 
 
 @contextmanager
-def opensm_on_ibsim(workdir: Path, opensm_args: Sequence[str] = ()) -> Iterator[SimFabric]:
+def opensm_on_ibsim(
+    workdir: Path, opensm_args: Sequence[str] = (), *, netns_prefix: str = "ibacm-ibsim"
+) -> Iterator[SimFabric]:
     """Start ibsim + OpenSM (with ``opensm_args``), wait until the SA answers, stop both
-    afterwards."""
+    afterwards. Fabrics alive at the same time need different ``netns_prefix``es."""
     for peer in ("ibsim", "opensm", "saquery", "ibstat", "ip"):
         require_peer(peer)
     require_file(PRELOAD)
     topology = require_file(NET_EXAMPLES / TOPOLOGY)
     with ExitStack() as stack:
-        netns = stack.enter_context(network_namespace("ibacm-ibsim"))
+        netns = stack.enter_context(network_namespace(netns_prefix))
         ip = require_peer("ip")
         env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
         ibsim_log, osm_out, osm_log = (workdir / n for n in ("ibsim.log", "opensm.out", "osm.log"))

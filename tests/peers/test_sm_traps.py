@@ -37,7 +37,9 @@ periodic sweep); generous because the machine is shared."""
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFabric]:
     # A fabric of its own: the test takes a link down and must not disturb the shared one.
-    with opensm_on_ibsim(tmp_path_factory.mktemp("traps"), ("-d0", "-d2")) as own:
+    with opensm_on_ibsim(
+        tmp_path_factory.mktemp("traps"), ("-d0", "-d2"), netns_prefix="ibacm-traps"
+    ) as own:
         yield own
 
 
