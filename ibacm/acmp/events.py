@@ -45,6 +45,9 @@ TRAPS = (Trap.GID_IN_SERVICE, Trap.GID_OUT_OF_SERVICE)
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 """Seconds between subscription attempts: doubling from the first to the last."""
+RESP_TIME_VALUE = 19
+"""InformInfo RespTimeValue: the longest we take to ack a Report, 4.096 us x 2^19 = 2.1 s
+(we ack on receipt; the margin is for a loaded host)."""
 RECENT_REPORTS = 64
 """TIDs of the last Reports handled: a Report sent again (our ack was lost) is acked only."""
 
@@ -106,7 +109,7 @@ class SmEvents:
 
     async def _subscribe(self, trap: Trap) -> None:
         core, core_port = self.port.core, self.port.core_port
-        wanted = InformInfo(trap_num=trap)
+        wanted = InformInfo(trap_num=trap, resp_time_value=RESP_TIME_VALUE)
         reply = SaMad.decode(
             await core.sa_request(core_port, build_inform_info_set(core.next_tid(), wanted))
         )
