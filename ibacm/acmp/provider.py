@@ -23,6 +23,7 @@ import trio
 from ibacm.acmp.cache import CacheKeyError, DestCache, EntryState, cache_key
 from ibacm.acmp.counters import EndpointCounters
 from ibacm.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort
+from ibacm.acmp.events import SmEvents
 from ibacm.acmp.persistence import (
     CacheFileError,
     CacheStore,
@@ -80,6 +81,8 @@ class AcmpProvider(Provider):
         """Wall-clock time for the cache file (tests replace it)."""
         self._retained: dict[EndpointIdentity, _Retained] = {}
         self._ports: list[AcmpPort] = []
+        self._events: dict[AcmpPort, SmEvents] = {}
+        """The SM event subscription of every open port."""
         self._saved: Records = {}
         """Cache file contents: loaded at start, waiting for their endpoints to open."""
         self._store: CacheStore | None = None
@@ -158,6 +161,8 @@ class AcmpProvider(Provider):
         interval = self.core.options.cache_save_interval
         if self._store is not None and interval > 0:
             port.nursery.start_soon(self._saver, interval)
+        events = self._events[acmp_port] = SmEvents(acmp_port)
+        port.nursery.start_soon(events.run)
         return acmp_port
 
     async def close_port(self, port_ctx: object) -> None:
@@ -167,6 +172,7 @@ class AcmpProvider(Provider):
             await self.close_endpoint(endpoint)
         if port in self._ports:
             self._ports.remove(port)
+        self._events.pop(port, None)
 
     # -- endpoints ------------------------------------------------------------------------
 
@@ -281,6 +287,10 @@ class AcmpProvider(Provider):
     async def handle_event(self, port_ctx: object, event: PortEventType) -> None:
         port = _port(port_ctx)
         endpoints = list(port.endpoints.values())
+        if event in (PortEventType.CLIENT_REREGISTER, PortEventType.SM_CHANGE):
+            events = self._events.get(port)
+            if events is not None:
+                events.resubscribe()  # the SM may know no subscriptions now
         if event is PortEventType.CLIENT_REREGISTER:
             log.info("client reregister: joining again", port=port.core_port.port_num)
             for endpoint in endpoints:
@@ -296,7 +306,12 @@ class AcmpProvider(Provider):
     # -- observability --------------------------------------------------------------------
 
     def describe_endpoint(self, ep_ctx: object) -> Mapping[str, Any]:
-        return _endpoint(ep_ctx).describe()
+        endpoint = _endpoint(ep_ctx)
+        described = dict(endpoint.describe())
+        events = self._events.get(endpoint.port)
+        if events is not None:
+            described["sm_events"] = events.snapshot()
+        return described
 
     def flush(self, ep_ctx: object, dest: tuple[AddrType, bytes] | None = None) -> int:
         cache = _endpoint(ep_ctx).cache

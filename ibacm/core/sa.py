@@ -5,7 +5,9 @@ matching the kernel-masked replies and all SA traffic stops). Here the counter i
 wraps from 0xFFFFFFFF back to 1. Each port allows ``sa_depth`` SA MADs in flight; further
 requests wait in FIFO order (``trio.CapacityLimiter`` wakes waiters first-come first-served
 and never lets a newcomer overtake them). The SM LID/SL come from the port attributes and are
-refreshed on SM_CHANGE (defect 23).
+refreshed on SM_CHANGE (defect 23). The SA's Reports (events the provider subscribed to)
+arrive through ``report`` and are acknowledged with ``post``, outside the credits: an ack
+must not wait behind queued requests, or the SA sends the Report again.
 """
 
 from __future__ import annotations
@@ -81,3 +83,11 @@ class SaChannel:
                 raise
         finally:
             self.limiter.release_on_behalf_of(token)
+
+    async def report(self) -> bytes:
+        """The next SubnAdmReport the SA sent to this port."""
+        return await self.port.sa_report()
+
+    async def post(self, mad: bytes) -> None:
+        """Send one SA MAD that gets no answer (a ReportResp) to the current SM."""
+        await self.port.sa_post(mad, self.dest)

@@ -36,6 +36,19 @@ class DaemonServices(CoreServices):
             retries=self.options.effective_sa_retries,
         )
 
+    def _channel(self, port: CorePort) -> SaChannel:
+        channel = self.sa_channels.get(port)
+        if channel is None:
+            raise SaSendError(f"port {port.device.name}/{port.port_num} is not up")
+        return channel
+
+    async def sa_report(self, port: CorePort) -> bytes:
+        return await self._channel(port).report()
+
+    async def sa_post(self, port: CorePort, mad: bytes) -> None:
+        # The channel's destination follows SM changes; the port's attributes may not.
+        await self._channel(port).post(mad)
+
     def publish(self, kind: str, data: Mapping[str, Any]) -> None:
         if self.bus is not None:
             self.bus.publish(kind, data)

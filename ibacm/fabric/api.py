@@ -12,6 +12,7 @@ Shape of the interface, mirroring what the C daemon uses from verbs/umad:
 * ``Device``: name, node GUID, port count, ``port(n)``, ``wait_event()`` for async events.
 * ``Port``: ``query()`` attributes; ``sa_send()`` one SA MAD to the SM with umad semantics
   (kernel-level timeout and retries, reply matched on the low 32 bits of the TID);
+  ``sa_report()`` the SA's unsolicited Reports and ``sa_post()`` their unanswered acks;
   ``open_ud()`` the ACM UD QP of an endpoint.
 * ``UdQp``: unicast/multicast sends with an address vector (GRH always present), receives
   with the source taken from the GRH and the work completion, multicast attach/detach.
@@ -248,6 +249,16 @@ class Port(abc.ABC):
         (RMPP, GetTable) are returned reassembled: MAD header + SA header + all records.
         Raises SaTimeout or SaSendError.
         """
+
+    async def sa_report(self) -> bytes:
+        """Wait for the next SubnAdmReport the SA sent to this port's QP1 (the events the
+        port subscribed to with InformInfo). A backend that cannot receive unsolicited SA
+        MADs says so with ``SaSendError``."""
+        raise SaSendError(f"{type(self).__name__} does not receive SA reports")
+
+    async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
+        """Send one SA MAD that gets no answer (a SubnAdmReportResp), its TID unchanged."""
+        raise SaSendError(f"{type(self).__name__} cannot send unanswered SA MADs")
 
     @abc.abstractmethod
     async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:

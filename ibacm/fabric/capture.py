@@ -375,6 +375,31 @@ class TapPort(Port):
         self._exchange(mad, SaOutcome.OK, started, status)
         return answer
 
+    async def sa_report(self) -> bytes:
+        report = await self.inner.sa_report()
+        if self.tap.observers:
+            await self._trace_unsolicited(Direction.RECEIVED, report, None)
+        return report
+
+    async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
+        if self.tap.observers:
+            await self._trace_unsolicited(Direction.SENT, mad, dest)
+        await self.inner.sa_post(mad, dest)
+
+    async def _trace_unsolicited(
+        self, direction: Direction, mad: bytes, dest: SaDestination | None
+    ) -> None:
+        attrs = await self.known_attrs()
+        if dest is None:  # a Report comes from the SM
+            dest = SaDestination(
+                attrs.sm_lid if attrs else 0,
+                attrs.sm_sl if attrs else 0,
+                attrs.sa_pkey_index() if attrs else 0,
+            )
+        lid = attrs.lid if attrs is not None else 0
+        pkey = _pkey_at(attrs, dest.pkey_index)
+        self.tap.emit(self._sa_trace(direction, trio.current_time(), mad, lid, dest, pkey))
+
     def _sa_trace(
         self,
         direction: Direction,

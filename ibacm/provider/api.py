@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ibacm.fabric.api import SaDestination
+
 if TYPE_CHECKING:
     import trio
 
@@ -93,6 +95,16 @@ class CoreServices(abc.ABC):
         """Send an SA MAD on ``port`` to its SM with the core's credit limit (``sa_depth``,
         FIFO) and umad timeout/retries from the options. Returns the reply MAD; raises
         ``ibacm.fabric.api.SaTimeout`` / ``SaSendError``."""
+
+    async def sa_report(self, port: CorePort) -> bytes:
+        """Wait for the next SubnAdmReport the SA sent to ``port`` (the events a provider
+        subscribed to with InformInfo); raises ``SaSendError`` where none can arrive."""
+        return await port.port.sa_report()
+
+    async def sa_post(self, port: CorePort, mad: bytes) -> None:
+        """Send an SA MAD that gets no answer (a ReportResp) to ``port``'s SM."""
+        attrs = port.attrs
+        await port.port.sa_post(mad, SaDestination(attrs.sm_lid, attrs.sm_sl, port.sa_pkey_index))
 
     @abc.abstractmethod
     def publish(self, kind: str, data: Mapping[str, Any]) -> None:

@@ -47,16 +47,20 @@ class Method(enum.IntEnum):
     GET = 0x01
     SET = 0x02
     SEND = 0x03
+    REPORT = 0x06
     GET_TABLE = 0x12
     DELETE = 0x15
     RESP = 0x80
     GET_RESP = 0x81
     SET_RESP = 0x82
+    REPORT_RESP = 0x86
     GET_TABLE_RESP = 0x92
     DELETE_RESP = 0x95
 
 
 class SaAttr(enum.IntEnum):
+    NOTICE = 0x02
+    INFORM_INFO = 0x03  # (0x31 is ServiceRecord)
     PATH_RECORD = 0x35
     MC_MEMBER_RECORD = 0x38
 

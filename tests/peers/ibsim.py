@@ -49,6 +49,14 @@ class SimFabric:
     netns: str
     workdir: Path
     nodes: dict[str, SimNode]
+    ibsim: subprocess.Popen[bytes] | None = None
+
+    def console(self, command: str) -> None:
+        """One ibsim console command, e.g. ``Unlink "Hca3"`` (a link down, as if pulled)."""
+        if self.ibsim is None or self.ibsim.stdin is None:
+            raise AssertionError("this fabric has no ibsim console")
+        self.ibsim.stdin.write(command.encode() + b"\n")
+        self.ibsim.stdin.flush()
 
     def command(self, host: str, argv: Sequence[str]) -> list[str]:
         """``argv`` run in the namespace as simulated node ``host`` (preload from the start)."""
@@ -130,14 +138,19 @@ def _wait_for(predicate: object, what: str, logs: Sequence[Path]) -> None:
 
 
 @contextmanager
-def _process(argv: list[str], log: Path, cwd: Path, env: dict[str, str]) -> Iterator[None]:
+def _process(
+    argv: list[str], log: Path, cwd: Path, env: dict[str, str]
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("w") as out:
+        # stdin is a pipe: ibsim reads its console commands there (Unlink, ReLink, ...).
         process = subprocess.Popen(
-            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
+            argv, cwd=cwd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env
         )
     try:
-        yield
+        yield process
     finally:
+        if process.stdin is not None:
+            process.stdin.close()
         # ip netns exec execs the command, so this pid is ibsim/opensm itself.
         process.send_signal(signal.SIGTERM)
         try:
@@ -148,20 +161,23 @@ def _process(argv: list[str], log: Path, cwd: Path, env: dict[str, str]) -> Iter
 
 
 @contextmanager
-def opensm_on_ibsim(workdir: Path) -> Iterator[SimFabric]:
-    """Start ibsim + OpenSM, wait until the SA answers, stop both afterwards."""
+def opensm_on_ibsim(
+    workdir: Path, opensm_args: Sequence[str] = (), *, netns_prefix: str = "ibacm-ibsim"
+) -> Iterator[SimFabric]:
+    """Start ibsim + OpenSM (with ``opensm_args``), wait until the SA answers, stop both
+    afterwards. Fabrics alive at the same time need different ``netns_prefix``es."""
     for peer in ("ibsim", "opensm", "saquery", "ibstat", "ip"):
         require_peer(peer)
     require_file(PRELOAD)
     topology = require_file(NET_EXAMPLES / TOPOLOGY)
     with ExitStack() as stack:
-        netns = stack.enter_context(network_namespace("ibacm-ibsim"))
+        netns = stack.enter_context(network_namespace(netns_prefix))
         ip = require_peer("ip")
         env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
         ibsim_log, osm_out, osm_log = (workdir / n for n in ("ibsim.log", "opensm.out", "osm.log"))
-        stack.enter_context(
+        ibsim = stack.enter_context(
             _process(
-                [ip, "netns", "exec", netns, require_peer("ibsim"), "-s", "-n", str(topology)],
+                [ip, "netns", "exec", netns, require_peer("ibsim"), "-s", str(topology)],
                 ibsim_log,
                 workdir,
                 env,
@@ -172,13 +188,13 @@ def opensm_on_ibsim(workdir: Path) -> Iterator[SimFabric]:
         stack.enter_context(
             _process(
                 [ip, "netns", "exec", netns, "env", f"LD_PRELOAD={PRELOAD}",
-                 require_peer("opensm"), "-f", str(osm_log), "-e"],
+                 require_peer("opensm"), "-f", str(osm_log), "-e", *opensm_args],
                 osm_out,
                 workdir,
                 osm_env,
             )
         )  # fmt: skip
-        fabric = SimFabric(netns, workdir, {})
+        fabric = SimFabric(netns, workdir, {}, ibsim)
 
         def sa_answers() -> bool:
             result = fabric.run("Hca1", [require_peer("saquery"), "-s"], timeout=10)

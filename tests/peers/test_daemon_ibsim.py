@@ -17,9 +17,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,22 +67,32 @@ def write_config(directory: Path, fabric: SimFabric) -> tuple[Path, Path]:
 def daemon(
     sim_fabric: SimFabric, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningDaemon]:
-    directory = tmp_path_factory.mktemp("daemon")
-    opts, addr = write_config(directory, sim_fabric)
+    with run_daemon(sim_fabric, tmp_path_factory.mktemp("daemon")) as running:
+        yield running
+
+
+@contextmanager
+def run_daemon(
+    fabric: SimFabric, directory: Path, *, env: Sequence[str] = ()
+) -> Iterator[RunningDaemon]:
+    """Our daemon as simulated node Hca1 (``env``: extra ``NAME=value`` for it), until the
+    block ends; it must then stop cleanly."""
+    opts, addr = write_config(directory, fabric)
     notify_path = directory / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(str(notify_path))
         notify.settimeout(READY_TIMEOUT)
         argv = [sys.executable, "-m", "ibacm.core.cli", "-P", "--fabric", "hw-umad",
                 "-O", str(opts), "-A", str(addr)]  # fmt: skip
-        command = sim_fabric.command("Hca1", argv)
+        command = fabric.command("Hca1", argv)
         command[command.index("env") + 1 : command.index("env") + 1] = [
-            f"NOTIFY_SOCKET={notify_path}"
+            f"NOTIFY_SOCKET={notify_path}",
+            *env,
         ]
         log = directory / "daemon.out"
         with log.open("w") as out:
             process = subprocess.Popen(
-                command, cwd=sim_fabric.workdir, stdout=out, stderr=subprocess.STDOUT
+                command, cwd=fabric.workdir, stdout=out, stderr=subprocess.STDOUT
             )
         try:
             _wait_ready(notify, process, directory)
@@ -115,22 +127,27 @@ def _wait_joined(admin_path: Path) -> None:
     (until then the daemon rightly answers ENODATA). Ask the admin socket until they are."""
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5)
-            sock.connect(str(admin_path))
-            sock.sendall(admin.encode_request(admin.Request(admin.Command.SNAPSHOT, 1, {})))
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(1 << 20)
-                assert chunk, "admin socket closed"
-                data += chunk
-        reply = admin.parse_server_message(data.splitlines()[0])
-        assert isinstance(reply, admin.Reply) and reply.ok, reply
-        endpoints = reply.result["endpoints"]
+        endpoints = snapshot(admin_path)["endpoints"]
         if endpoints and all(ep["state"] == "ready" for ep in endpoints):
             return
         time.sleep(0.1)
     raise AssertionError(f"endpoints not joined after {READY_TIMEOUT} s: {endpoints}")
+
+
+def snapshot(admin_path: Path) -> dict[str, Any]:
+    """The daemon's state as its admin socket gives it (docs/admin-protocol.md)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(str(admin_path))
+        sock.sendall(admin.encode_request(admin.Request(admin.Command.SNAPSHOT, 1, {})))
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(1 << 20)
+            assert chunk, "admin socket closed"
+            data += chunk
+    reply = admin.parse_server_message(data.splitlines()[0])
+    assert isinstance(reply, admin.Reply) and reply.ok, reply
+    return dict(reply.result)
 
 
 def ib_acme(daemon: RunningDaemon, *args: str) -> str:

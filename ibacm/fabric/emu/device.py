@@ -12,7 +12,8 @@ library, over SOCK_SEQPACKET connections at PATH (``protocol.py``):
   into buffers the program posted (otherwise dropped, as an HCA drops on a UD QP), sends
   through the hub with a completion when signalled, multicast attach/detach;
 * umad ports: SA requests with the kernel's semantics (TID rewrite, timeout and retries,
-  RMPP reassembly, an ETIMEDOUT record with the request when no answer came).
+  RMPP reassembly, an ETIMEDOUT record with the request when no answer came); the SA's
+  Reports to the port, and the program's ReportResps back.
 
 It prints ``READY`` on stdout (and sends sd_notify ``READY=1``) once it serves.
 """
@@ -35,6 +36,7 @@ import trio
 
 from ibacm.core.systemd import Notifier
 from ibacm.fabric.api import (
+    ACM_QKEY,
     MAD_SIZE,
     FabricError,
     PortAttributes,
@@ -46,6 +48,7 @@ from ibacm.fabric.emu.protocol import Op
 from ibacm.fabric.hw.verbs_attrs import EVENT_CODES
 from ibacm.fabric.sim.hub_client import HubDevice, HubFabric, HubPort, HubUdQp
 from ibacm.log import get_logger
+from ibacm.wire.mad import Method, MgmtClass
 
 log = get_logger("ibacm.emu")
 
@@ -151,7 +154,14 @@ class EmulatedDevice:
         self.cqs: dict[int, _Cq] = {}
         self.qps: dict[int, _Qp] = {}
         self.umads: dict[int, _UmadPort] = {}
-        self.stats = {"rnr_drop": 0, "not_ready_drop": 0, "sends": 0, "recvs": 0, "sa": 0}
+        self.stats = {
+            "rnr_drop": 0,
+            "not_ready_drop": 0,
+            "sends": 0,
+            "recvs": 0,
+            "sa": 0,
+            "report_no_agent": 0,
+        }
 
     def new_id(self) -> int:
         self._ids += 1
@@ -308,6 +318,7 @@ class EmulatedDevice:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(out.run)
                 if op is Op.UMAD_OPEN:
+                    nursery.start_soon(self._umad_reports, self.umads[stream_id])
                     await self._umad_reader(conn, self.umads[stream_id], nursery)
                 else:
                     await _until_closed(conn)
@@ -495,11 +506,16 @@ class EmulatedDevice:
             nursery.start_soon(self._sa_request, umad, header, mad)
 
     async def _sa_request(self, umad: _UmadPort, header: ep.UmadHeader, mad: bytes) -> None:
+        dest = SaDestination(header.lid, header.sl, header.pkey_index)
+        if len(mad) == MAD_SIZE and mad[3] == Method.REPORT_RESP:
+            # The ack of a Report: sent as it is, nothing comes back.
+            with contextlib.suppress(FabricError):
+                await umad.port.sa_post(mad, dest)
+            return
         if header.timeout_ms == 0 or len(mad) != MAD_SIZE or mad[3] & 0x80:
             log.info("umad send without an answer to wait for is not carried", length=len(mad))
             return
         self.stats["sa"] += 1
-        dest = SaDestination(header.lid, header.sl, header.pkey_index)
         status, answer = 0, mad
         try:
             answer = await umad.port.sa_send(
@@ -515,6 +531,26 @@ class EmulatedDevice:
             0, 0, bytes(16), 0, header.pkey_index,
         )  # fmt: skip
         umad.out.put(ep.encode_umad(reply, answer))
+
+    async def _umad_reports(self, umad: _UmadPort) -> None:
+        """The SA's Reports to this port, handed to the program's class 0x03 agent as the
+        kernel hands them to the agent registered for the Report method (the preload library
+        does not pass method masks on: the SA sends Reports only to ports that subscribed)."""
+        while True:
+            try:
+                report = await umad.port.sa_report()
+            except FabricError:
+                return
+            agent = next((a for a, cls in umad.agents.items() if cls == MgmtClass.SUBN_ADM), None)
+            if agent is None:
+                self.stats["report_no_agent"] += 1
+                continue
+            attrs = umad.port.last
+            header = ep.UmadHeader(
+                agent, 0, 0, 0, 0, 1, ACM_QKEY, attrs.sm_lid if attrs else 0, 0, 0, 0, 0,
+                0, 0, bytes(16), 0, 0,
+            )  # fmt: skip
+            umad.out.put(ep.encode_umad(header, report))
 
 
 async def _until_closed(conn: trio.socket.SocketType) -> None:

@@ -1,9 +1,11 @@
 """SA transactions over one umad port: send, match replies by TID, time out.
 
-The agent is registered like C does (class 0x03, RMPP version 1, no method mask, so only
-solicited responses arrive) except that it says class version 2 — the SA's version — where C
-says 1 (defect 41). Semantics are the kernel's (mad-protocol.md §9.7): every MAD is sent with
-the caller's ``timeout_ms`` and ``retries``, the kernel retransmits, and a reply is matched on
+The agent is registered like C does (class 0x03, RMPP version 1) except that it says class
+version 2 — the SA's version — where C says 1 (defect 41), and that its method mask takes
+SubnAdmReport: the Reports of the events the provider subscribes to arrive on it (queued for
+``report``, at most ``REPORT_QUEUE``, oldest dropped first) and are acked with ``post``.
+Semantics are the kernel's (mad-protocol.md §9.7): every MAD is sent with the caller's
+``timeout_ms`` and ``retries``, the kernel retransmits, and a reply is matched on
 the low 32 bits of its TID because the kernel rewrites the upper 32 bits. A request the kernel
 gave up on comes back with status ETIMEDOUT and raises ``SaTimeout``.
 
@@ -24,6 +26,7 @@ than 256 bytes (the simulator sends only the used part) are zero-padded to a ful
 from __future__ import annotations
 
 import errno
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -47,6 +50,7 @@ from ibacm.wire.mad import (
     SA_CLASS_VERSION,
     SA_HDR_END,
     MadHeader,
+    Method,
     MgmtClass,
     RmppReassembler,
     RmppType,
@@ -63,6 +67,7 @@ GRACE_MS = 250
 TID_MASK = 0xFFFFFFFF
 RMPP_WINDOW = 32
 """Segments a windowed RMPP sender may send beyond the last one acknowledged."""
+REPORT_QUEUE = 64
 
 
 @dataclass(eq=False, slots=True)
@@ -113,13 +118,15 @@ class SaAgent:
         self._poller = TurnPoller(self._receive_step, name=f"SA agent {ca_name}:{port_num}")
         self.unmatched = 0
         """Replies that matched no outstanding request (late, duplicate or foreign)."""
+        self._reports: deque[bytes] = deque(maxlen=REPORT_QUEUE)
+        self.reports_dropped = 0
 
     def open(self) -> None:
         """Open the umad port and register the agent (raises ``UmadError``)."""
         portid = self._umad.open_port(self.ca_name, self.port_num)
         try:
             self._agent = self._umad.register(
-                portid, MgmtClass.SUBN_ADM, SA_CLASS_VERSION, RMPP_VERSION
+                portid, MgmtClass.SUBN_ADM, SA_CLASS_VERSION, RMPP_VERSION, (Method.REPORT,)
             )
         except BaseException:
             self._umad.close_port(portid)
@@ -155,6 +162,22 @@ class SaAgent:
             return await self._wait(transaction, timeout_ms * (retries + 1) + self._grace_ms)
         finally:
             del self._pending[tid]
+
+    async def report(self) -> bytes:
+        """The next SubnAdmReport the SA sent to this port."""
+        self._require_open()
+        try:
+            await self._poller.wait_until(lambda: bool(self._reports))
+        except trio.ClosedResourceError as exc:
+            raise SaSendError(f"SA agent of {self.ca_name} closed") from exc
+        return self._reports.popleft()
+
+    def post(self, mad: bytes, dest: SaDestination) -> None:
+        """Send one SA MAD that gets no answer (a ReportResp), its TID as it is."""
+        portid = self._require_open()
+        if len(mad) != MAD_SIZE:
+            raise SaSendError(f"an SA MAD is {MAD_SIZE} bytes, got {len(mad)}")
+        self._send(portid, mad, dest, timeout_ms=0, retries=0)
 
     async def aclose(self) -> None:
         """Fail outstanding requests, wait for the receive thread, close the port."""
@@ -224,6 +247,11 @@ class SaAgent:
         mad = packet.mad
         if len(mad) < MAD_HDR_LEN:
             log.warning("short umad packet dropped", length=len(mad), ca=self.ca_name)
+            return
+        if not packet.status and mad[3] == Method.REPORT and packet.agent_id == self._agent:
+            if len(self._reports) == self._reports.maxlen:
+                self.reports_dropped += 1
+            self._reports.append(mad.ljust(MAD_SIZE, b"\0"))
             return
         tid = _tid_of(mad)
         transaction = self._pending.get(tid)
@@ -303,6 +331,16 @@ class PortSa:
         if self._agent is None:
             raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
         return await self._agent.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
+
+    async def report(self) -> bytes:
+        if self._agent is None:
+            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
+        return await self._agent.report()
+
+    def post(self, mad: bytes, dest: SaDestination) -> None:
+        if self._agent is None:
+            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
+        self._agent.post(mad, dest)
 
     async def aclose(self) -> None:
         if self._agent is not None:

@@ -31,6 +31,7 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -159,7 +160,12 @@ class UmadApi(Protocol):
     def close_port(self, portid: int) -> None: ...
 
     def register(
-        self, portid: int, mgmt_class: int, class_version: int, rmpp_version: int
+        self,
+        portid: int,
+        mgmt_class: int,
+        class_version: int,
+        rmpp_version: int,
+        methods: Sequence[int] = (),
     ) -> int: ...
 
     def unregister(self, portid: int, agent_id: int) -> None: ...
@@ -302,9 +308,23 @@ class LibUmad:
     def close_port(self, portid: int) -> None:
         self._lib.umad_close_port(portid)
 
-    def register(self, portid: int, mgmt_class: int, class_version: int, rmpp_version: int) -> int:
-        # No method mask: only solicited responses (matched by the kernel on the TID) arrive.
-        agent = self._lib.umad_register(portid, mgmt_class, class_version, rmpp_version, None)
+    def register(
+        self,
+        portid: int,
+        mgmt_class: int,
+        class_version: int,
+        rmpp_version: int,
+        methods: Sequence[int] = (),
+    ) -> int:
+        # Solicited responses are matched by the kernel on the TID; ``methods`` are the
+        # unsolicited ones this agent takes (e.g. SubnAdmReport), as a 128-bit method mask.
+        mask = None
+        if methods:
+            mask = (ctypes.c_ulong * (16 // ctypes.sizeof(ctypes.c_ulong)))()
+            bits = ctypes.sizeof(ctypes.c_ulong) * 8
+            for method in methods:
+                mask[method // bits] |= 1 << (method % bits)
+        agent = self._lib.umad_register(portid, mgmt_class, class_version, rmpp_version, mask)
         if agent < 0:
             raise UmadError(
                 f"umad_register(class {mgmt_class:#04x} v{class_version}) failed: "

@@ -173,6 +173,13 @@ class UmadOnlyPort(Port):
     ) -> bytes:
         return await self._sa.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
 
+    async def sa_report(self) -> bytes:
+        return await self._sa.report()
+
+    async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
+        await trio.lowlevel.checkpoint()
+        self._sa.post(mad, dest)
+
     async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:
         return NoDataPathQp(self._port_num)
 

@@ -60,6 +60,13 @@ class HwPort(Port):
     ) -> bytes:
         return await self._sa.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
 
+    async def sa_report(self) -> bytes:
+        return await self._sa.report()
+
+    async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
+        await trio.lowlevel.checkpoint()
+        self._sa.post(mad, dest)
+
     async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:
         resources = self._device.qp_resources(self._port_num)
         return HwUdQp(resources, pkey_index=pkey_index, recv_depth=recv_depth)

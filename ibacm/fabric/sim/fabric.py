@@ -152,6 +152,16 @@ class SimPort(Port):
 
         return await self._umad().send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
 
+    async def sa_report(self) -> bytes:
+        self._device.fabric.check_open()
+        return await self._umad().next_report()
+
+    async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
+        self._device.fabric.check_open()
+        self._umad()  # registered from now on: the SA's answers and Reports find this port
+        await trio.lowlevel.checkpoint()
+        self._device.world.sa_transmit(self._runtime, mad, dest)
+
     async def open_ud(self, pkey_index: int, *, recv_depth: int, qkey: int = ACM_QKEY) -> UdQp:
         """The ACM UD QP; ``qkey`` exists so tests can show a Q_Key mismatch being dropped."""
         await trio.lowlevel.checkpoint()

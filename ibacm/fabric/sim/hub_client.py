@@ -325,31 +325,43 @@ class HubPort(Port):
     async def sa_send(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
-        fabric = self.device.fabric
-        fabric.check_open()
-        link = fabric.link
+        self.device.fabric.check_open()
 
         async def transmit(wire: bytes) -> None:
-            call_id, call = link.new_call()
-            try:
-                data = hp.encode_sa_send(
-                    call_id,
-                    self.device.index,
-                    self._num,
-                    dest.sm_lid,
-                    dest.sm_sl,
-                    dest.pkey_index,
-                    wire,
-                )
-            except hp.HubProtocolError as exc:
-                link._calls.pop(call_id, None)
-                raise SaSendError(str(exc)) from exc
-            try:
-                await link.finish(call_id, call, data)
-            except HubConnectionLost as exc:
-                raise SaSendError(f"hub connection lost: {exc}") from exc
+            await self._transmit(wire, dest)
 
         return await self.agent.send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
+
+    async def sa_report(self) -> bytes:
+        self.device.fabric.check_open()
+        return await self.agent.next_report()
+
+    async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
+        fabric = self.device.fabric
+        fabric.check_open()
+        await self._transmit(mad, dest)
+
+    async def _transmit(self, wire: bytes, dest: SaDestination) -> None:
+        """Hand one SA MAD to the hub, to go to ``dest`` as it is."""
+        link = self.device.fabric.link
+        call_id, call = link.new_call()
+        try:
+            data = hp.encode_sa_send(
+                call_id,
+                self.device.index,
+                self._num,
+                dest.sm_lid,
+                dest.sm_sl,
+                dest.pkey_index,
+                wire,
+            )
+        except hp.HubProtocolError as exc:
+            link._calls.pop(call_id, None)
+            raise SaSendError(str(exc)) from exc
+        try:
+            await link.finish(call_id, call, data)
+        except HubConnectionLost as exc:
+            raise SaSendError(f"hub connection lost: {exc}") from exc
 
     async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:
         if recv_depth < 1:

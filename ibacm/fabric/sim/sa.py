@@ -11,6 +11,14 @@ hop and the MTU/rate selectors and be able to carry the group's MTU and rate, el
 REQ_INVALID; IPoIB groups other than a partition's broadcast group are only created when that
 broadcast group exists and their components match it; DELETE removes the member and the group
 with its last full member. Unknown attributes or methods get generic status 0x000C.
+
+Event subscriptions as OpenSM keeps them: InformInfo SET with Subscribe 1 adds (or updates)
+the requester's subscription, 0 removes it (REQ_INVALID when there is none, Subscribe echoed
+as 0); either is answered with GetResp echoing the InformInfo. Security traps 256..259 need an
+SM_Key; a GID must name a known port. ``reports(trap, gid)`` builds the SubnAdmReport for
+every subscriber that wants the notice; each stays in ``unacked`` until the subscriber's
+ReportResp (same TID) arrives, and the world sends it again meanwhile. A port that leaves the
+subnet loses its subscriptions (``forget_port``), and a new SM starts with none.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Protocol
 
@@ -49,6 +58,13 @@ from ibacm.wire.mad import (
     sa_status_word,
     split_rmpp,
 )
+from ibacm.wire.notice import (
+    INFORM_INFO_LEN,
+    InformInfo,
+    Notice,
+    Trap,
+    build_report,
+)
 from ibacm.wire.path_record import (
     PATH_LAYOUT,
     PATH_RECORD_LEN,
@@ -69,6 +85,8 @@ _CREATE_MASK = (
     _JOIN_MASK | McComp.QKEY | McComp.TCLASS | McComp.PKEY | McComp.FLOW_LABEL | McComp.SL
 )
 _RATES_BY_SPEED = sorted((rate_to_gbps(r), r) for r in range(2, 26))
+_SECURITY_TRAPS = range(256, 260)
+"""Traps a subscriber needs an SM_Key for (C15-0.2-1.16, as OpenSM enforces)."""
 
 
 class SaEndpoint(Protocol):
@@ -134,12 +152,27 @@ def _rate_gbps(rate: int) -> float:
         return 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class PendingReport:
+    """A Report sent and not acknowledged yet."""
+
+    subscriber: int
+    """Port GUID of the subscriber."""
+    mad: bytes
+    sent: int = 1
+
+
 class SubnetAdministrator:
     """See the module docstring."""
 
     def __init__(self, fabric: SaFabric) -> None:
         self.fabric = fabric
         self.groups = GroupTable()
+        self.subscriptions: dict[tuple[int, bytes], InformInfo] = {}
+        """(subscriber port GUID, the InformInfo as compared) -> the subscription."""
+        self.unacked: dict[int, PendingReport] = {}
+        """Reports waiting for their ReportResp, by TID."""
+        self._report_tid = 0
         self._mgid_counter = 0
         self.records_sent: Counter[int] = Counter()
         """Records answered, by SA attribute: what the SA pays (a GetTable of N paths is N)."""
@@ -177,6 +210,9 @@ class SubnetAdministrator:
             request = SaMad.decode(mad)
         except WireError:
             return []
+        if request.mad.method == Method.REPORT_RESP and request.mad.mgmt_class == 0x03:
+            self._acknowledged(requester, mad)
+            return []
         if request.mad.method & Method.RESP or request.mad.mgmt_class != 0x03:
             return []
         try:
@@ -198,6 +234,8 @@ class SubnetAdministrator:
 
     def _dispatch(self, requester: SaEndpoint, request: SaMad) -> list[bytes]:
         attr, method = request.mad.attr_id, request.mad.method
+        if attr == SaAttr.INFORM_INFO and method == Method.SET:
+            return self._inform(requester, request)
         if attr == SaAttr.PATH_RECORD and method in (Method.GET, Method.GET_TABLE):
             return self._path_records(requester, request)
         if attr == SaAttr.MC_MEMBER_RECORD:
@@ -208,6 +246,92 @@ class SubnetAdministrator:
             if method in (Method.GET, Method.GET_TABLE):
                 return self._mc_query(requester, request)
         raise _SaFail(MadStatus.METHOD_ATTR_UNSUPPORTED)
+
+    # -- event subscriptions --------------------------------------------------------------
+
+    def _inform(self, requester: SaEndpoint, request: SaMad) -> list[bytes]:
+        try:
+            info = InformInfo.decode(request.data[:INFORM_INFO_LEN])
+        except WireError:
+            raise _invalid() from None  # e.g. IsGeneric neither 0 nor 1
+        if info.subscribe > 1:
+            raise _invalid()
+        if request.sa.sm_key == 0 and info.is_generic and info.trap_num in _SECURITY_TRAPS:
+            raise _invalid()
+        # OpenSM compares subscriptions without the QPN (it keeps the requester's).
+        key = (requester.guid, replace(info, subscribe=1, qpn=0).encode())
+        if info.subscribe:
+            if any(info.gid) and self._gid_port(info.gid) is None:
+                return self._refused(request, info)
+            self.subscriptions[key] = info
+        elif self.subscriptions.pop(key, None) is None:
+            return self._refused(request, info)
+        return self._single(request, info.encode())
+
+    def _refused(self, request: SaMad, info: InformInfo) -> list[bytes]:
+        # o13-13.1.1: a refused subscription comes back with Subscribe 0.
+        echo = replace(info, subscribe=0).encode()
+        status = sa_status_word(SaStatus.REQ_INVALID)
+        return [build_sa_response(request, status, echo, Method.GET_RESP, attr_offset=0)]
+
+    def _gid_port(self, gid: bytes) -> SaEndpoint | None:
+        if int.from_bytes(gid[:8], "big") not in (self.fabric.subnet_prefix, LINK_LOCAL_PREFIX):
+            return None
+        return self.fabric.endpoint_by_guid(int.from_bytes(gid[8:], "big"))
+
+    def reports(self, trap: Trap, guid: int, issuer: SaEndpoint) -> list[tuple[int, bytes]]:
+        """The SubnAdmReport of trap 64..67 about port ``guid`` for every subscriber that
+        wants it (one per subscriber), as (subscriber GUID, MAD); each waits in ``unacked``."""
+        gid = _gid(self.fabric.subnet_prefix, guid)
+        notice = Notice.gid_trap(
+            trap,
+            gid,
+            issuer_lid=issuer.lid,
+            issuer_gid=_gid(self.fabric.subnet_prefix, issuer.guid),
+        )
+        subject = self.fabric.endpoint_by_guid(guid)
+        subject_pkeys = subject.pkeys if subject is not None else ()
+        wanting: dict[int, bool] = {}
+        for (subscriber, _key), info in self.subscriptions.items():
+            if not wanting.get(subscriber):
+                wanting[subscriber] = info.matches(notice) and _covers(info, gid, subject)
+        out: list[tuple[int, bytes]] = []
+        for subscriber in sorted(sub for sub, wants in wanting.items() if wants):
+            port = self.fabric.endpoint_by_guid(subscriber)
+            if port is None or subscriber == guid:
+                continue
+            if subject_pkeys and _common_pkey(port.pkeys, subject_pkeys) is None:
+                continue  # OpenSM reports GIDs only to ports of a shared partition
+            self._report_tid = (self._report_tid + 1) & 0xFFFFFFFF or 1
+            mad = build_report(self._report_tid, notice)
+            self.unacked[self._report_tid] = PendingReport(subscriber, mad)
+            out.append((subscriber, mad))
+        return out
+
+    def _acknowledged(self, requester: SaEndpoint, mad: bytes) -> None:
+        try:
+            header = SaMad.decode(mad).mad
+        except WireError:
+            return
+        if header.attr_id != SaAttr.NOTICE:
+            return
+        tid = header.tid & 0xFFFFFFFF
+        pending = self.unacked.get(tid)
+        if pending is not None and pending.subscriber == requester.guid:
+            del self.unacked[tid]
+
+    def forget_port(self, guid: int) -> None:
+        """A port left the subnet: its subscriptions and pending Reports go (OpenSM's drop
+        manager removes them; the port subscribes again when it comes back)."""
+        for key in [k for k in self.subscriptions if k[0] == guid]:
+            del self.subscriptions[key]
+        for tid in [t for t, p in self.unacked.items() if p.subscriber == guid]:
+            del self.unacked[tid]
+
+    def forget_subscriptions(self) -> None:
+        """A new SM: it knows no subscriptions and owes no Reports."""
+        self.subscriptions.clear()
+        self.unacked.clear()
 
     # -- responses ------------------------------------------------------------------------
 
@@ -624,6 +748,18 @@ class SubnetAdministrator:
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def _covers(info: InformInfo, gid: bytes, subject: SaEndpoint | None) -> bool:
+    """Whether a subscription's GID or LID range takes in the port the notice is about."""
+    if any(info.gid):
+        return info.gid[8:] == gid[8:]
+    if info.lid_range_begin == 0xFFFF:
+        return True
+    if subject is None:
+        return False
+    end = info.lid_range_end or info.lid_range_begin
+    return info.lid_range_begin <= subject.lid <= end
 
 
 def _select_mtu(path: PathRecord, comp: int, mtu: int) -> int | None:

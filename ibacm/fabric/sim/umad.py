@@ -6,10 +6,15 @@ times, each time waiting ``timeout_ms`` for a response whose TID matches on the 
 and reassembles RMPP responses (GetTable) before handing back the whole MAD. Responses are
 returned with the TID as it came back (upper bits = agent number), so callers that compare all
 64 bits are caught, like on real hardware.
+
+The agent also takes the SA's unsolicited SubnAdmReports (as a kernel agent registered with
+the Report method in its mask): they queue, at most ``REPORT_QUEUE`` of them, for
+``next_report``; older ones are dropped first (the SA sends a Report again until acked).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -17,9 +22,11 @@ import trio
 
 from ibacm.fabric.api import MAD_SIZE, SaSendError, SaTimeout
 from ibacm.wire.errors import WireError
-from ibacm.wire.mad import RmppFlag, RmppReassembler
+from ibacm.wire.mad import Method, RmppFlag, RmppReassembler
 
 _TID_OFFSET = 8
+_METHOD_OFFSET = 3
+REPORT_QUEUE = 64
 _RMPP_FLAGS_OFFSET = 26
 _SEG_NUM_OFFSET = 28
 
@@ -54,6 +61,9 @@ class UmadAgent:
         self._waiters: dict[int, _Waiter] = {}
         self.unmatched = 0
         """Responses that matched no outstanding request (late, duplicate, foreign)."""
+        self._reports: deque[bytes] = deque(maxlen=REPORT_QUEUE)
+        self._report_ready = trio.Event()
+        self.reports_dropped = 0
 
     @property
     def outstanding(self) -> int:
@@ -89,10 +99,25 @@ class UmadAgent:
             del self._waiters[low]
         raise SaTimeout(f"no SA response to TID {low:#x} after {retries + 1} x {timeout_ms} ms")
 
+    async def next_report(self) -> bytes:
+        """Wait for the next SubnAdmReport the SA sent to this port."""
+        while not self._reports:
+            if self._report_ready.is_set():
+                self._report_ready = trio.Event()
+            await self._wait_for(self._report_ready)
+        return self._reports.popleft()
+
     def deliver(self, mad: bytes) -> None:
-        """A MAD arrived for this agent: complete (or advance) the matching request."""
+        """A MAD arrived for this agent: complete (or advance) the matching request, or
+        queue a Report."""
         if len(mad) < 36:
             self.unmatched += 1
+            return
+        if mad[_METHOD_OFFSET] == Method.REPORT:
+            if len(self._reports) == self._reports.maxlen:
+                self.reports_dropped += 1
+            self._reports.append(bytes(mad))
+            self._report_ready.set()
             return
         waiter = self._waiters.get(int.from_bytes(mad[_TID_OFFSET + 4 : _TID_OFFSET + 8], "big"))
         if waiter is None or waiter.done.is_set():

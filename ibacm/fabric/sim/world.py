@@ -5,7 +5,10 @@ number given; multicast goes to every QP attached to the MGID/MLID on ports that
 group through the SA, the sender's own QP included (IB loopback). Receivers check the Q_Key
 and the partition; a full receive queue drops the MAD (like an RNR drop). SA MADs queue in
 front of a single SA server with a service time; a queue longer than ``faults.sa_queue_limit``
-is answered BUSY. Every transmission takes hops x ``link_latency`` plus ``faults.delay`` and may
+is answered BUSY. When a port goes down or up the SM reports trap 65 or 64 (GID out of / in
+service) to every subscriber and sends each Report again every ``REPORT_TIMEOUT`` until it is
+acknowledged, at most ``REPORT_RETRIES`` more times (OpenSM's transaction timeout and retries).
+Every transmission takes hops x ``link_latency`` plus ``faults.delay`` and may
 be lost, duplicated or corrupted (``world.faults``). Every MAD put on the wire is counted in
 ``world.counters`` by (class, method, attribute); what happened to them is in ``world.stats``.
 
@@ -53,11 +56,14 @@ from ibacm.fabric.sim.routing import Router
 from ibacm.fabric.sim.sa import SubnetAdministrator, pkey_shared
 from ibacm.fabric.sim.scheduler import DeliveryScheduler
 from ibacm.fabric.sim.topology import UNICAST_LID_MAX, Host, Topology, gid_of
+from ibacm.wire.notice import Trap
 
 if TYPE_CHECKING:  # the in-process fabric imports this module
     from ibacm.fabric.sim.fabric import SimFabric
 
 GSI_QPN = 1
+REPORT_TIMEOUT = 0.2
+REPORT_RETRIES = 3
 _RECEIVING = JOIN_FULL | JOIN_NON_MEMBER
 _FIRST_QPN = 0x100
 _MAX_QPN = 0xFFFFFF
@@ -802,6 +808,51 @@ class SimWorld:
             return
         deliver(mad)
 
+    # -- SM reports -----------------------------------------------------------------------
+
+    def _report(self, trap: Trap, subject: PortRuntime) -> None:
+        """Trap ``trap`` about ``subject`` to every subscriber (computed while ``subject``
+        still counts as in the subnet, so partitions and LID ranges apply to it)."""
+        issuer = self._by_guid.get(self.sm_guid)
+        if issuer is None:
+            return
+        for subscriber, mad in self.sa.reports(trap, subject.guid, issuer):
+            self.stats[f"report_trap_{int(trap)}"] += 1
+            self._send_report(subscriber, mad, 0)
+
+    def _send_report(self, subscriber: int, mad: bytes, resent: int) -> None:
+        tid = int.from_bytes(mad[12:16], "big")
+        pending = self.sa.unacked.get(tid)
+        if pending is None:
+            return  # acknowledged (or the subscriber left the subnet)
+        if resent > REPORT_RETRIES:
+            del self.sa.unacked[tid]
+            self.stats["report_unacked"] += 1
+            return
+        if resent:
+            self.stats["report_resent"] += 1
+        self._scheduler.call_later(REPORT_TIMEOUT, self._send_report, subscriber, mad, resent + 1)
+        port = self._by_guid.get(subscriber)
+        if not isinstance(port, PortRuntime) or not port.active:
+            return
+        path = self.router.path(self.sm_guid, port.guid)
+        if path is None:
+            return
+        self._count(mad)
+        self._send_copies(mad, self._latency(path.hops), partial(self._report_arrives, port))
+
+    def _report_arrives(self, port: PortRuntime, mad: bytes) -> None:
+        # As the kernel does with an agent registered for the Report method: every client
+        # of the port that registered for SA class MADs gets it.
+        if not port.active:
+            self.stats["port_down_drop"] += 1
+            return
+        if not port.agents:
+            self.stats["sa_no_agent"] += 1
+            return
+        for deliver in list(port.agents.values()):
+            deliver(mad)
+
     # -- events ---------------------------------------------------------------------------
 
     def subscribe_events(self, device: DeviceRuntime, sink: EventSink) -> None:
@@ -841,10 +892,13 @@ class SimWorld:
             runtime.state = PortState.ACTIVE
             self._endpoint_list = None
             self._emit(runtime, PortEventType.PORT_ACTIVE)
+            self._report(Trap.GID_IN_SERVICE, runtime)
         else:
+            self._report(Trap.GID_OUT_OF_SERVICE, runtime)
             runtime.state = PortState.DOWN
             self._endpoint_list = None
             self.sa.groups.remove_port(runtime.guid)
+            self.sa.forget_port(runtime.guid)
             self._emit(runtime, PortEventType.PORT_ERR)
 
     async def port_flap(
@@ -890,6 +944,7 @@ class SimWorld:
             return
         self.sm_guid = guid
         self.sa.groups.clear()
+        self.sa.forget_subscriptions()
         self._announce_sm(reregister=reregister)
 
     def _sm_guid_for(self, node: str) -> int:

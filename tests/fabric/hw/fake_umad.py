@@ -13,7 +13,7 @@ import errno
 import queue
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ibacm.fabric.api import PortState
@@ -44,6 +44,7 @@ class FakeUmad:
     closed: list[int] = field(default_factory=list)
     registered: list[tuple[int, int, int, int]] = field(default_factory=list)
     unregistered: list[tuple[int, int]] = field(default_factory=list)
+    methods: tuple[int, ...] = ()
     recv_calls: int = 0
     pollable: bool = False
 
@@ -91,8 +92,16 @@ class FakeUmad:
     def close_port(self, portid: int) -> None:
         self.closed.append(portid)
 
-    def register(self, portid: int, mgmt_class: int, class_version: int, rmpp_version: int) -> int:
+    def register(
+        self,
+        portid: int,
+        mgmt_class: int,
+        class_version: int,
+        rmpp_version: int,
+        methods: Sequence[int] = (),
+    ) -> int:
         self.registered.append((portid, mgmt_class, class_version, rmpp_version))
+        self.methods = tuple(methods)
         return 7
 
     def unregister(self, portid: int, agent_id: int) -> None:

@@ -31,6 +31,7 @@ from ibacm.wire.mad import (
     build_sa_response,
     split_rmpp,
 )
+from ibacm.wire.notice import Notice, Trap, build_report, build_report_resp, decode_report
 from ibacm.wire.path_record import PathRecord
 from tests.fabric.hw.fake_umad import FakeUmad, SentMad
 
@@ -318,3 +319,29 @@ async def test_a_polled_port_is_read_only_when_a_packet_is_queued() -> None:
     assert PathRecord.decode(SaMad.decode(replies[0]).data[:64]).dlid == 5
     await agent.aclose()
     umad.release()
+
+
+@pytest.mark.trio
+async def test_reports_arrive_beside_replies_and_are_acked_as_they_are(
+    fake_umad: MakeUmad,
+) -> None:
+    umad = fake_umad(responder=answer_with_dlid)
+    agent = await open_agent(umad)
+    assert umad.methods == (Method.REPORT,)  # the mask that makes the kernel hand us Reports
+    gid = bytes.fromhex("fe800000000000000002c90300000007")
+    notice = Notice.gid_trap(Trap.GID_OUT_OF_SERVICE, gid, issuer_lid=1, issuer_gid=gid)
+    umad.deliver(build_report(0xABCD, notice))
+    # A request waiting meanwhile still gets its reply; the Report waits for its reader.
+    reply = await agent.request(path_get(5, 6), DEST, timeout_ms=500, retries=0)
+    assert PathRecord.decode(SaMad.decode(reply).data[:64]).dlid == 6
+    with trio.fail_after(2):
+        report, decoded = decode_report(await agent.report())
+    assert decoded.subject_gid == gid and report.mad.tid == 0xABCD
+    agent.post(build_report_resp(report), DEST)
+    ack = umad.sent[-1]
+    assert (ack.timeout_ms, ack.retries, ack.addr.dlid) == (0, 0, DEST.sm_lid)
+    assert SaMad.decode(ack.mad).mad.method == Method.REPORT_RESP
+    assert ack.mad[12:16] == (0xABCD).to_bytes(4, "big")
+    await agent.aclose()
+    with pytest.raises(SaSendError):
+        await agent.report()
