@@ -360,8 +360,9 @@ async def test_a_full_disk_costs_records_not_the_capture(
                 await acm_exchange(tap, world.fabric("node3"))
             await written_or_lost(control, 6 * 7)
             status = control.status()
+            # (status["error"] may be gone already: cutting a record back frees room that a
+            # smaller record can use, and a write that works clears it.)
             assert status["active"] and status["lost"] > 0
-            assert "No space left on device" in status["error"]
             kept = status["records"]
             assert kept + status["lost"] == 6 * 7
             # What is in the file is whole records only (a cut one was taken back out).
@@ -376,5 +377,6 @@ async def test_a_full_disk_costs_records_not_the_capture(
     err = capsys.readouterr().err
     reports = [line for line in err.splitlines() if line.startswith("ibacm: cannot write ")]
     assert len(reports) == 1 and "captured MAD(s) lost" in reports[0]
+    assert "No space left on device" in reports[0]
     assert f"ibacm: writing {path} again" in err
     assert "Traceback" not in err

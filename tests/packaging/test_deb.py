@@ -261,7 +261,7 @@ def test_installed_completion_loads_in_bash_and_zsh(unpacked: Path, tmp_path: Pa
             assert spec.endswith(f" {command}") and " -F _shtab_" in spec, spec
         load = f"source {loader}; XDG_DATA_DIRS={share} __load_completion ibacm-sim"
         subcommands = bash_complete(load, "ibacm-sim", "")[1]
-        assert len(subcommands) == 14 and "port-down" in subcommands
+        assert {"port-down", "restart"} <= set(subcommands)
         assert "--nodes" in bash_complete(load, "ibacm-sim", "up", "--")[1]
         nodes = bash_complete(load, "ibacm-sim", "flap", "--dir", str(cluster), "")[1]
         assert nodes == ["node1", "node2"]
