@@ -13,6 +13,7 @@ if its GID changed, everything learned is forgotten.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ibacm.acmp.persistence import (
 )
 from ibacm.acmp.preload import run_preloads
 from ibacm.config.options import Options
+from ibacm.config.paths import state_dir
 from ibacm.fabric.api import PortEventType
 from ibacm.log import get_logger
 from ibacm.provider.api import (
@@ -92,7 +94,8 @@ class AcmpProvider(Provider):
         path = self.core.options.cache_file
         if not path:
             return
-        self._store = CacheStore(path, self.wall_clock)
+        self._store = CacheStore(path, self.wall_clock, state_dir(os.environ))
+        log.info("cache file", path=str(self._store.path))
         try:
             self._saved = await self._store.load()
         except CacheFileError as exc:
