@@ -160,11 +160,13 @@ class Operation:
     peer message, a port going down) decides the status and every waiter sees exactly that.
     """
 
-    __slots__ = ("done", "path", "status", "waiters")
+    __slots__ = ("done", "path", "reason", "status", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.status = 0
+        self.reason = ""
+        """Why it failed, in words (logs, the admin snapshot's ``recent_failures``)."""
         self.path: PathRecord | None = None
         """The route on success (the entry itself may change again before waiters run)."""
         self.waiters = 0
@@ -173,10 +175,11 @@ class Operation:
     def finished(self) -> bool:
         return self.done.is_set()
 
-    def finish(self, status: int) -> bool:
+    def finish(self, status: int, reason: str = "") -> bool:
         if self.done.is_set():
             return False
         self.status = int(status)
+        self.reason = reason
         self.done.set()
         return True
 
@@ -185,16 +188,19 @@ class PendingQuery:
     """A resolution task waiting for news about an entry: the answer to our ACM request, or
     the peer's own request (which tells us its address just as well)."""
 
-    __slots__ = ("done", "entry", "status")
+    __slots__ = ("done", "entry", "reason", "status")
 
     def __init__(self, entry: DestEntry) -> None:
         self.entry = entry
         self.done = trio.Event()
         self.status = 0
+        self.reason = ""
+        """Why the news is a failure, in words."""
 
-    def complete(self, status: int) -> None:
+    def complete(self, status: int, reason: str = "") -> None:
         if not self.done.is_set():
             self.status = int(status)
+            self.reason = reason
             self.done.set()
 
 
@@ -334,10 +340,10 @@ class DestEntry:
             return None
         return address_query(base.sgid, self.peer_gid, base.tclass, base.pkey)
 
-    def poke(self, status: int = 0) -> None:
+    def poke(self, status: int = 0, reason: str = "") -> None:
         """Wake the resolution task waiting for the peer, if any, with ``status``."""
         if self.wake is not None:
-            self.wake.complete(status)
+            self.wake.complete(status, reason)
 
     def forget(self) -> None:
         """Back to INIT: drop everything learned (address expiry, failures)."""

@@ -21,6 +21,7 @@ READY requester again only when its QPN changed, which a reopened endpoint's new
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 import math
@@ -54,7 +55,7 @@ from ibacm.acmp.groups import (
     plan_groups,
 )
 from ibacm.acmp.protocol import PeerProtocol
-from ibacm.acmp.resolution import Resolver
+from ibacm.acmp.resolution import NOT_READY, Resolver
 from ibacm.acmp.routes import (
     BULK_COMP_MASK,
     SaPaths,
@@ -84,6 +85,8 @@ EXPIRY_PERIOD = 60.0
 """Lifetimes are whole minutes; the expiry task looks at least this often."""
 RECEIVE_BATCH = 256
 """MADs taken from the QP per call: a job start's burst costs one call per batch."""
+RECENT_FAILURES = 32
+"""Failed resolutions an endpoint remembers for the admin snapshot (``recent_failures``)."""
 
 
 class EndpointState(enum.Enum):
@@ -292,6 +295,10 @@ class AcmpEndpoint:
         self._join_scope: trio.CancelScope | None = None
         self._announce: set[int] = set()
         """Groups (by index) to announce our addresses on once joined."""
+        self.failures: collections.deque[tuple[float, str, int, str]] = collections.deque(
+            maxlen=RECENT_FAILURES
+        )
+        """(trio time, destination, status, reason) of the last failed resolutions."""
         self.resolver = Resolver(self)
         self.protocol = PeerProtocol(self)
         cache.listener = self._cache_changed
@@ -388,13 +395,13 @@ class AcmpEndpoint:
         # Tasks that never got to run still leave operations behind: end them here.
         for entry in list(self.cache):
             if entry.op is not None:
-                entry.op.finish(DOWN_STATUS)
+                entry.op.finish(DOWN_STATUS, "the endpoint closed")
                 entry.op = None
                 if entry.state in (EntryState.QUERY_ADDR, EntryState.QUERY_ROUTE):
                     entry.forget()
             entry.reply_tid = None
         for pending in self.outstanding.values():
-            pending.complete(DOWN_STATUS)
+            pending.complete(DOWN_STATUS, "the endpoint closed")
         self.outstanding.clear()
         await self._close_qp()
 
@@ -528,6 +535,16 @@ class AcmpEndpoint:
         if removed:
             data["removed"] = True
         self.core.publish("cache", data)
+
+    def note_failure(self, dest: object, status: int, reason: str) -> None:
+        """A resolution failed: logged (with why) and kept for the snapshot. Requests refused
+        while group 0 is not joined are only debug lines (a client may retry in a loop)."""
+        text = str(dest)
+        self.failures.append((trio.current_time(), text, int(status), reason))
+        if reason == NOT_READY:
+            log.debug("resolution failed", dest=text, status=int(status), reason=reason)
+        else:
+            log.info("resolution failed", dest=text, status=int(status), reason=reason)
 
     def _cache_changed(self, entry: DestEntry, removed: bool) -> None:
         self.publish_entry(entry, removed)
@@ -721,6 +738,10 @@ class AcmpEndpoint:
             "cache_evicted": self.cache.evicted,
             "cache_expired": self.cache.expired,
             "outstanding": len(self.outstanding),
+            "recent_failures": [
+                {"dest": dest, "status": status, "reason": reason, "age": round(now - at, 3)}
+                for at, dest, status, reason in self.failures
+            ],
             "bulk_routes": len(self.bulk_by_gid),
             "counters": self.counters.snapshot(),
             "stats": self.stats.as_dict(),

@@ -403,3 +403,35 @@ async def test_client_reregister_announces_the_addresses_again(autojump_clock: o
             again.status == AcmStatus.SUCCESS
             and again.paths[0].dlid == (c.world.node("node2").lids[0])
         )
+
+
+async def test_a_resolution_before_group_0_is_joined_says_why_it_got_enodata(
+    autojump_clock: object,
+) -> None:
+    """The ENODATA seen once at 40,000 nodes (tests.bench.scale, own processes): the SA
+    answered a daemon's join BUSY under load, the join waited for its retry, and a client asked
+    meanwhile. That is the documented answer of an endpoint without group 0 (as C); the
+    failure now says so, in the log and in the admin snapshot."""
+    async with cluster(3, faults={"sa_busy": 1.0}, ready=False) as c:
+        await trio.sleep(0.5)  # the first joins were answered BUSY; their retries wait
+        endpoint = c.endpoint("node1")
+        assert not endpoint.ready
+        result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        assert result.status == AcmStatus.ENODATA
+        (failure,) = endpoint.describe()["recent_failures"]
+        assert failure["dest"] == "10.0.0.2" and failure["status"] == AcmStatus.ENODATA
+        assert "not joined its multicast group 0" in failure["reason"]
+        c.world.faults.sa_busy = 0.0
+        await c.wait_ready()
+        result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        assert result.status == AcmStatus.SUCCESS
+
+
+async def test_a_failed_resolution_keeps_its_cause(autojump_clock: object) -> None:
+    async with cluster(3, start=["node1", "node2"]) as c:
+        # node3 runs no daemon: nobody answers, the address phase spends its budget.
+        result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
+        assert result.status == AcmStatus.ETIMEDOUT
+        (failure,) = c.endpoint("node1").describe()["recent_failures"]
+        assert failure["dest"] == "10.0.0.3" and failure["status"] == AcmStatus.ETIMEDOUT
+        assert failure["reason"].startswith("no answer to the ACM request within")
