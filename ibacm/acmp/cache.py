@@ -24,6 +24,12 @@ behavior.md §9. Differences from C, all invisible on the wire:
   the on-lookup checks of C, so entries of peers nobody asks for again do not stay forever.
   The on-lookup checks are exact; the background sweep may come up to a second late, which
   costs an entry a list slot instead of a heap item of its own.
+* An entry that leaves the cache (evicted, expired, flushed, replaced by a loopback entry)
+  leaves the deadline lists too, at once: otherwise an evicted entry stayed in its list with
+  its address vector and route until its deadline (24 hours by default), and a bound on
+  entries bounded nothing of the memory under a flood of new sources. The lists it may be in
+  (its pending wake-up's and its deadlines') are rebuilt without it, once per batch of
+  evictions, and a second whose list empties leaves the heap when half of it is such seconds.
 
 Times are trio clock seconds; ``math.inf`` means "never".
 """
@@ -34,7 +40,7 @@ import enum
 import heapq
 import ipaddress
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -154,11 +160,13 @@ class Operation:
     peer message, a port going down) decides the status and every waiter sees exactly that.
     """
 
-    __slots__ = ("done", "path", "status", "waiters")
+    __slots__ = ("done", "path", "reason", "status", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.status = 0
+        self.reason = ""
+        """Why it failed, in words (logs, the admin snapshot's ``recent_failures``)."""
         self.path: PathRecord | None = None
         """The route on success (the entry itself may change again before waiters run)."""
         self.waiters = 0
@@ -167,10 +175,11 @@ class Operation:
     def finished(self) -> bool:
         return self.done.is_set()
 
-    def finish(self, status: int) -> bool:
+    def finish(self, status: int, reason: str = "") -> bool:
         if self.done.is_set():
             return False
         self.status = int(status)
+        self.reason = reason
         self.done.set()
         return True
 
@@ -179,16 +188,19 @@ class PendingQuery:
     """A resolution task waiting for news about an entry: the answer to our ACM request, or
     the peer's own request (which tells us its address just as well)."""
 
-    __slots__ = ("done", "entry", "status")
+    __slots__ = ("done", "entry", "reason", "status")
 
     def __init__(self, entry: DestEntry) -> None:
         self.entry = entry
         self.done = trio.Event()
         self.status = 0
+        self.reason = ""
+        """Why the news is a failure, in words."""
 
-    def complete(self, status: int) -> None:
+    def complete(self, status: int, reason: str = "") -> None:
         if not self.done.is_set():
             self.status = int(status)
+            self.reason = reason
             self.done.set()
 
 
@@ -328,10 +340,10 @@ class DestEntry:
             return None
         return address_query(base.sgid, self.peer_gid, base.tclass, base.pkey)
 
-    def poke(self, status: int = 0) -> None:
+    def poke(self, status: int = 0, reason: str = "") -> None:
         """Wake the resolution task waiting for the peer, if any, with ``status``."""
         if self.wake is not None:
-            self.wake.complete(status)
+            self.wake.complete(status, reason)
 
     def forget(self) -> None:
         """Back to INIT: drop everything learned (address expiry, failures)."""
@@ -399,6 +411,8 @@ class DestCache:
         """Heap of the keys of ``_due``."""
         self._second_of: dict[float, float] = {}
         """Each key of ``_due`` by itself (see ``_schedule``)."""
+        self._empty_seconds = 0
+        """Seconds in the heap whose list emptied (see ``_unschedule``)."""
         self.evicted = 0
         self.expired = 0
         self._last_addr_deadline: tuple[float, float, float] = (math.nan, math.nan, math.nan)
@@ -436,23 +450,35 @@ class DestCache:
 
     def put_loopback(self, entry: DestEntry) -> None:
         entry.loopback = True
-        self._entries.pop(entry.key, None)
+        learned = self._entries.pop(entry.key, None)
+        if learned is not None:
+            self._unschedule((learned,))
         self._loopback[entry.key] = entry
 
     def remove(self, key: CacheKey) -> DestEntry | None:
         entry = self._loopback.pop(key, None)
         if entry is None:
             entry = self._entries.pop(key, None)
+            if entry is not None:
+                self._unschedule((entry,))
         if entry is not None:
             self._tell(entry, True)
         return entry
 
     def clear_learned(self) -> int:
         """Drop every learned entry nobody waits on; returns how many were dropped."""
-        idle = [key for key, entry in self._entries.items() if not entry.busy]
-        for key in idle:
-            self._tell(self._entries.pop(key), True)
+        idle = [entry for entry in self._entries.values() if not entry.busy]
+        for entry in idle:
+            del self._entries[entry.key]
+        self._unschedule(idle)
+        for entry in idle:
+            self._tell(entry, True)
         return len(idle)
+
+    def scheduled_entries(self) -> int:
+        """Slots in the deadline lists (an entry may hold more than one): what the bound
+        and the tests check never outgrows the cache."""
+        return sum(len(due) for due in self._due.values())
 
     def _tell(self, entry: DestEntry, removed: bool) -> None:
         if self.listener is not None:
@@ -508,6 +534,36 @@ class DestCache:
             second = self._second_of[second]
         entry.scheduled = second
 
+    def _unschedule(self, gone: Iterable[DestEntry]) -> None:
+        """Take entries that left the cache out of every deadline list they may be in: their
+        pending wake-up's, and their deadlines' (a wake-up that came earlier than a deadline
+        leaves the entry in that deadline's list too)."""
+        seconds: set[float] = set()
+        for entry in gone:
+            for deadline in (entry.scheduled, entry.addr_expiry, entry.route_expiry):
+                if deadline != math.inf:
+                    seconds.add(float(math.ceil(deadline)))
+            entry.scheduled = math.inf
+        entries = self._entries
+        for second in seconds:
+            due = self._due.get(second)
+            if due is None:
+                continue
+            # Kept: what is still this very entry of the cache (a replaced key's new entry
+            # may share the list).
+            kept = [entry for entry in due if entries.get(entry.key) is entry]
+            if kept:
+                due[:] = kept
+                continue
+            del self._due[second]
+            del self._second_of[second]
+            self._empty_seconds += 1
+        if self._empty_seconds * 2 > len(self._seconds):
+            # Seconds without a list go from the heap once they are half of it.
+            self._seconds = [second for second in self._seconds if second in self._due]
+            heapq.heapify(self._seconds)
+            self._empty_seconds = 0
+
     def next_deadline(self) -> float:
         return self._seconds[0] if self._seconds else math.inf
 
@@ -521,7 +577,11 @@ class DestCache:
         while self._seconds and self._seconds[0] <= now:
             second = heapq.heappop(self._seconds)
             self._second_of.pop(second, None)
-            for entry in self._due.pop(second):
+            due = self._due.pop(second, None)
+            if due is None:
+                self._empty_seconds = max(0, self._empty_seconds - 1)
+                continue  # its entries all left the cache before
+            for entry in due:
                 if entry.scheduled != second:
                     continue  # an earlier wake-up of this entry took over
                 entry.scheduled = math.inf
@@ -533,6 +593,8 @@ class DestCache:
             return 0  # gone, replaced, or being worked on (it will get new deadlines)
         if entry.addr_expiry <= now and entry.state >= EntryState.ADDR_RESOLVED:
             del self._entries[entry.key]
+            # Its own list is being emptied by ``expire``; a later deadline's may hold it.
+            self._unschedule((entry,))
             self.expired += 1
             self._tell(entry, True)
             return 1
@@ -558,15 +620,21 @@ class DestCache:
         excess = len(entries) - (limit - limit // BOUND_SLACK)
         # Used entries lose their flag and go to the young end, busy ones and the new one
         # just go there: the second pass finds entries to drop unless all are busy.
+        evicted: list[DestEntry] = []
         for _ in range(2):
             for key in list(entries):
                 if excess <= 0:
-                    return
+                    break
                 entry = entries.pop(key)
                 if entry.used or entry.busy or key == keep:
                     entry.used = False
                     entries[key] = entry
                     continue
                 excess -= 1
-                self.evicted += 1
-                self._tell(entry, True)
+                evicted.append(entry)
+            if excess <= 0:
+                break
+        self.evicted += len(evicted)
+        self._unschedule(evicted)
+        for entry in evicted:
+            self._tell(entry, True)

@@ -9,10 +9,19 @@ progress then end their parked requests with ENODATA (``DOWN_STATUS``).
 Unlike C (defect 24), a closed endpoint is really closed; when the core opens it again the
 provider creates a new QP, joins again and preloads again. What it learned (the cache) is kept
 for the reopened endpoint unless the port's LID or GID changed.
+
+Beyond C, an endpoint whose port has a new LID or GID, or whose groups were joined again after
+a client reregister, announces itself as a host sends gratuitous ARP: as each group is joined,
+it multicasts on it one ACM request per local address, from that address and for that address
+(nobody else claims it, so nobody answers). Every peer caches the requester of any request
+(mad-protocol.md §6.2): peers that hold us learn our new LID, QPN and GID at once instead of
+serving the old route until our next request of our own or their expiry. A C peer records a
+READY requester again only when its QPN changed, which a reopened endpoint's new QP gives.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 import math
@@ -41,11 +50,12 @@ from ibacm.acmp.groups import (
     McGroup,
     build_join,
     join_forever,
+    joined_mgids,
     parse_join_reply,
     plan_groups,
 )
 from ibacm.acmp.protocol import PeerProtocol
-from ibacm.acmp.resolution import Resolver
+from ibacm.acmp.resolution import NOT_READY, Resolver
 from ibacm.acmp.routes import (
     BULK_COMP_MASK,
     SaPaths,
@@ -54,8 +64,9 @@ from ibacm.acmp.routes import (
     loopback_path,
 )
 from ibacm.config.options import LoopbackProt
-from ibacm.fabric.api import AddressVector, FabricError, UdQp
+from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, UdQp
 from ibacm.log import get_logger
+from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.path_record import PathRecord
 from ibacm.wire.rates import get_rate
@@ -74,6 +85,8 @@ EXPIRY_PERIOD = 60.0
 """Lifetimes are whole minutes; the expiry task looks at least this often."""
 RECEIVE_BATCH = 256
 """MADs taken from the QP per call: a job start's burst costs one call per batch."""
+RECENT_FAILURES = 32
+"""Failed resolutions an endpoint remembers for the admin snapshot (``recent_failures``)."""
 
 
 class EndpointState(enum.Enum):
@@ -146,6 +159,7 @@ class AcmpAddress:
 
 
 _STATS = (
+    "announcements",
     "bad_mads",
     "credit_overdrafts",
     "join_attempts",
@@ -177,6 +191,8 @@ class EndpointStats:
         """ACM requests sent without a resolve_depth credit (see ``ResolveCredits``)."""
         self.peer_moves = 0
         """Peers seen at a new LID, whose other cached routes were dropped."""
+        self.announcements = 0
+        """Gratuitous requests sent for our own addresses (see the module docstring)."""
 
     def as_dict(self) -> dict[str, int]:
         # The names from the module: a compiled class has no ``__slots__`` to read.
@@ -238,6 +254,7 @@ class AcmpEndpoint:
         core_endpoint: CoreEndpoint,
         cache: DestCache,
         counters: EndpointCounters,
+        stats: EndpointStats | None = None,
     ) -> None:
         self.port = port
         self.core: CoreServices = port.core
@@ -249,7 +266,8 @@ class AcmpEndpoint:
         self.pkey = core_endpoint.pkey
         self.cache = cache
         self.counters = counters
-        self.stats = EndpointStats()
+        self.stats = EndpointStats() if stats is None else stats
+        """Kept by the provider across reopenings, as the counters."""
         self.state = EndpointState.INIT
         self.ready = False
         """``state`` is READY (a plain attribute: every MAD received reads it)."""
@@ -275,6 +293,12 @@ class AcmpEndpoint:
         self.scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery | None = None
         self._join_scope: trio.CancelScope | None = None
+        self._announce: set[int] = set()
+        """Groups (by index) to announce our addresses on once joined."""
+        self.failures: collections.deque[tuple[float, str, int, str]] = collections.deque(
+            maxlen=RECENT_FAILURES
+        )
+        """(trio time, destination, status, reason) of the last failed resolutions."""
         self.resolver = Resolver(self)
         self.protocol = PeerProtocol(self)
         cache.listener = self._cache_changed
@@ -371,13 +395,13 @@ class AcmpEndpoint:
         # Tasks that never got to run still leave operations behind: end them here.
         for entry in list(self.cache):
             if entry.op is not None:
-                entry.op.finish(DOWN_STATUS)
+                entry.op.finish(DOWN_STATUS, "the endpoint closed")
                 entry.op = None
                 if entry.state in (EntryState.QUERY_ADDR, EntryState.QUERY_ROUTE):
                     entry.forget()
             entry.reply_tid = None
         for pending in self.outstanding.values():
-            pending.complete(DOWN_STATUS)
+            pending.complete(DOWN_STATUS, "the endpoint closed")
         self.outstanding.clear()
         await self._close_qp()
 
@@ -447,6 +471,33 @@ class AcmpEndpoint:
         self.core.publish("group", {"endpoint": self.name, **group.describe()})
         if group.index == 0 and self.state is EndpointState.INIT:
             self.set_state(EndpointState.READY)
+        if group.index in self._announce:
+            self._announce.discard(group.index)
+            self.spawn(self._announce_on, group)
+
+    def announce_when_joined(self) -> None:
+        """Announce our addresses on every group as it is joined (see the module docstring):
+        our LID, GID or QPN changed, or the SA forgot our groups."""
+        self._announce = {group.index for group in self.groups}
+
+    async def _announce_on(self, group: McGroup) -> None:
+        qp, av = self.qp, group.av
+        if qp is None or av is None:
+            return
+        mgids = joined_mgids(self.groups)
+        sent = 0
+        for address in list(self.addresses.values()):
+            kind, info = address.core.type, address.core.info
+            mad = acm_request(self.core.next_tid(), kind, info, kind, info, mgids).encode()
+            try:
+                await qp.send(mad, av, MULTICAST_QPN)
+            except FabricError as exc:
+                self.stats.send_errors += 1
+                log.debug("announcement not sent", error=str(exc))
+                continue
+            sent += 1
+        self.stats.announcements += sent
+        log.info("addresses announced", endpoint=self.name, group=group.index, requests=sent)
 
     async def rejoin(self) -> None:
         """Client reregister: the SA forgot our groups; join them again.
@@ -466,6 +517,8 @@ class AcmpEndpoint:
             self.core.publish("group", {"endpoint": self.name, **group.describe()})
         self.joined.clear()
         self.set_state(EndpointState.INIT)
+        # Peers may have lost track of us too (an SM that restarted may have given new LIDs).
+        self.announce_when_joined()
         self.start_joins()
 
     def set_state(self, state: EndpointState) -> None:
@@ -482,6 +535,16 @@ class AcmpEndpoint:
         if removed:
             data["removed"] = True
         self.core.publish("cache", data)
+
+    def note_failure(self, dest: object, status: int, reason: str) -> None:
+        """A resolution failed: logged (with why) and kept for the snapshot. Requests refused
+        while group 0 is not joined are only debug lines (a client may retry in a loop)."""
+        text = str(dest)
+        self.failures.append((trio.current_time(), text, int(status), reason))
+        if reason == NOT_READY:
+            log.debug("resolution failed", dest=text, status=int(status), reason=reason)
+        else:
+            log.info("resolution failed", dest=text, status=int(status), reason=reason)
 
     def _cache_changed(self, entry: DestEntry, removed: bool) -> None:
         self.publish_entry(entry, removed)
@@ -675,6 +738,10 @@ class AcmpEndpoint:
             "cache_evicted": self.cache.evicted,
             "cache_expired": self.cache.expired,
             "outstanding": len(self.outstanding),
+            "recent_failures": [
+                {"dest": dest, "status": status, "reason": reason, "age": round(now - at, 3)}
+                for at, dest, status, reason in self.failures
+            ],
             "bulk_routes": len(self.bulk_by_gid),
             "counters": self.counters.snapshot(),
             "stats": self.stats.as_dict(),

@@ -5,7 +5,10 @@ partition) the READY entries learned from the fabric, each with its key, path re
 MGID, remote QPN and lifetimes as wall-clock expiry times (the trio clock does not survive a
 restart). At restore an entry comes back READY if its route is still valid, ADDR_RESOLVED if
 only its address is, and not at all if its address expired or its path does not start at our
-port any more. Files are replaced atomically (write to a temporary file, then rename).
+port any more. Files are replaced atomically (write to a temporary file, then rename); the
+temporaries a save interrupted by a crash or a full disk left behind (``.<name>.*.tmp`` beside
+the file) are removed when the file is loaded at start. A relative path is taken from the state
+directory (``ibacm.config.paths.state_dir``), not from wherever the daemon was started.
 """
 
 from __future__ import annotations
@@ -153,11 +156,16 @@ def _entry_from(
 class CacheStore:
     """The cache file: load once, save whole."""
 
-    def __init__(self, path: str, wall_clock: Callable[[], float]) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str, wall_clock: Callable[[], float], state_dir: Path) -> None:
+        self.path = state_dir / path  # an absolute ``path`` stays as it is
         self.wall_clock = wall_clock
 
     async def load(self) -> Records:
+        """The saved records; first removes what interrupted saves left behind (nothing else
+        writes them: the daemon's lock file keeps a second daemon from starting)."""
+        removed = await trio.to_thread.run_sync(_remove_temporaries, self.path)
+        if removed:
+            log.info("cache file: temporaries of interrupted saves removed", files=removed)
         try:
             text = await trio.to_thread.run_sync(self.path.read_text, "utf-8")
         except FileNotFoundError:
@@ -193,9 +201,34 @@ def parse(text: str, where: str) -> Records:
     }
 
 
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def _remove_temporaries(path: Path) -> list[str]:
+    removed: list[str] = []
+    try:
+        candidates = list(path.parent.glob(f"{_temporary_prefix(path)}*{TEMPORARY_SUFFIX}"))
+    except OSError:
+        return removed
+    for candidate in candidates:
+        try:
+            if candidate.is_file() and not candidate.is_symlink():
+                candidate.unlink()
+                removed.append(candidate.name)
+        except OSError as exc:
+            log.warning("cache file: temporary not removed", file=str(candidate), error=str(exc))
+    return removed
+
+
 def _write_atomically(path: Path, text: str) -> None:
     # A temporary file of our own (several savers may write at once), then one rename.
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, name = tempfile.mkstemp(
+        prefix=_temporary_prefix(path), suffix=TEMPORARY_SUFFIX, dir=path.parent
+    )
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)

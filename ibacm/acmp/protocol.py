@@ -174,7 +174,9 @@ class PeerProtocol:
     def _no_common_group(self, entry: DestEntry) -> None:
         log.debug("no common multicast group", peer=KeyText(entry.key), state=entry.state)
         if entry.wake is not None:
-            entry.wake.complete(AcmStatus.ENODATA)
+            entry.wake.complete(
+                AcmStatus.ENODATA, "the peer's request names no multicast group we joined"
+            )
         elif not entry.busy:
             # Nothing usable was learned: do not keep an empty entry around.
             self.ep.cache.remove(entry.key)
@@ -229,11 +231,13 @@ class PeerProtocol:
             return
         status = mad.acm_status
         if status != AcmStatus.SUCCESS:
-            pending.complete(status)
+            pending.complete(status, f"the peer (LID {received.slid}) answered status {status}")
             return
         group = select_group(mad.gids, ep.joined)
         if group is None:
-            pending.complete(AcmStatus.ENODATA)
+            pending.complete(
+                AcmStatus.ENODATA, "the peer's answer names no multicast group we joined"
+            )
             return
         self.record_address(entry, received, group, trio.current_time() if now is None else now)
         pending.complete(AcmStatus.SUCCESS)

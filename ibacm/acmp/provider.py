@@ -4,25 +4,27 @@ machinery of this package.
 Contexts: ``open_device`` returns the CoreDevice, ``open_port`` an ``AcmpPort``,
 ``open_endpoint`` an ``AcmpEndpoint``, ``add_address`` an ``AcmpAddress``.
 
-What survives an endpoint closing (port down, LID/GID/P_Key change): its counters (they never
-reset) and its cache, handed to the endpoint when the core opens it again. If the port's LID
-changed meanwhile, every learned route is dropped back to ADDR_RESOLVED (their SLID is ours);
-if its GID changed, everything learned is forgotten.
+What survives an endpoint closing (port down, LID/GID/P_Key change): its counters and stats
+(they never reset) and its cache, handed to the endpoint when the core opens it again. If the
+port's LID changed meanwhile, every learned route is dropped back to ADDR_RESOLVED (their SLID
+is ours), and the reopened endpoint announces its addresses to its peers (``AcmpEndpoint``);
+if its GID changed, everything learned is forgotten (and the endpoint announces itself too).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from ibacm.acmp.cache import CacheKeyError, DestCache, EntryState, cache_key
 from ibacm.acmp.counters import EndpointCounters
-from ibacm.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort
+from ibacm.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort, EndpointStats
 from ibacm.acmp.events import SmEvents
 from ibacm.acmp.persistence import (
     CacheFileError,
@@ -34,6 +36,7 @@ from ibacm.acmp.persistence import (
 )
 from ibacm.acmp.preload import run_preloads
 from ibacm.config.options import Options
+from ibacm.config.paths import state_dir
 from ibacm.fabric.api import PortEventType
 from ibacm.log import get_logger
 from ibacm.provider.api import (
@@ -67,7 +70,10 @@ class _Retained:
     gid: bytes
     lid: int
     pkey: int
+    stats: EndpointStats = field(default_factory=EndpointStats)
     restored: bool = False
+    moved: bool = False
+    """The port's LID or GID differed at the last opening."""
 
 
 class AcmpProvider(Provider):
@@ -95,7 +101,8 @@ class AcmpProvider(Provider):
         path = self.core.options.cache_file
         if not path:
             return
-        self._store = CacheStore(path, self.wall_clock)
+        self._store = CacheStore(path, self.wall_clock, state_dir(os.environ))
+        log.info("cache file", path=str(self._store.path))
         try:
             self._saved = await self._store.load()
         except CacheFileError as exc:
@@ -139,6 +146,11 @@ class AcmpProvider(Provider):
             if trio.current_time() - self._saved_at >= interval * 0.9:
                 await self.save_cache()
 
+    @property
+    def ports(self) -> tuple[AcmpPort, ...]:
+        """The open ports."""
+        return tuple(self._ports)
+
     # -- devices and ports ----------------------------------------------------------------
 
     async def open_device(self, device: CoreDevice) -> object:
@@ -180,7 +192,12 @@ class AcmpProvider(Provider):
         port = _port(port_ctx)
         identity = (endpoint.port.device.node_guid, endpoint.port.port_num, endpoint.pkey & 0x7FFF)
         retained = self._retain(identity, port)
-        acmp_endpoint = AcmpEndpoint(port, endpoint, retained.cache, retained.counters)
+        acmp_endpoint = AcmpEndpoint(
+            port, endpoint, retained.cache, retained.counters, retained.stats
+        )
+        if retained.moved:
+            # Peers still hold our old LID/GID: tell them (AcmpEndpoint, gratuitous requests).
+            acmp_endpoint.announce_when_joined()
         if not retained.restored:
             retained.restored = True
             self._restore(acmp_endpoint)
@@ -202,6 +219,7 @@ class AcmpProvider(Provider):
             )
             self._retained[identity] = retained
             return retained
+        retained.moved = (retained.gid, retained.lid) != (port.gid, port.lid)
         if retained.gid != port.gid:
             dropped = retained.cache.clear_learned()
             log.info("port GID changed: cache dropped", entries=dropped)

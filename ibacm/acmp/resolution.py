@@ -30,6 +30,7 @@ import trio
 from ibacm.acmp.cache import (
     GID,
     LID,
+    CacheKey,
     CacheKeyError,
     DestEntry,
     EntryState,
@@ -65,6 +66,15 @@ WAIT_GRACE = 1.0
 
 MAX_STEPS = 6
 
+Outcome = tuple[int, str]
+"""An ACM status and, for a failure, why (in words)."""
+NOT_READY = "the endpoint has not joined its multicast group 0 yet (or rejoins)"
+CLOSED = "the endpoint closed"
+
+
+def _path_key(request: PathRecord) -> CacheKey:
+    return lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
+
 
 class Resolver:
     """Client-driven and peer-driven resolutions of one endpoint."""
@@ -97,6 +107,7 @@ class Resolver:
         counters = ep.counters
         if not ep.ready:
             counters.endpoint_only(Counter.NODATA)
+            ep.note_failure(dest.address_text(), AcmStatus.ENODATA, NOT_READY)
             return AcmStatus.ENODATA, None
         counters.endpoint_only(Counter.RESOLVE)
         try:
@@ -162,9 +173,10 @@ class Resolver:
         counters = ep.counters
         if not ep.ready:
             counters.endpoint_only(Counter.NODATA)
+            ep.note_failure(KeyText(_path_key(request)), AcmStatus.ENODATA, NOT_READY)
             return AcmStatus.ENODATA, None
         counters.endpoint_only(Counter.RESOLVE)
-        key = lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
+        key = _path_key(request)
         entry = ep.cache.acquire(key)
         self._check_lifetimes(entry)
         log.debug("resolve path", dest=KeyText(key), state=entry.state, nodelay=nodelay)
@@ -195,6 +207,8 @@ class Resolver:
         status = op.status if op.finished else AcmStatus.ETIMEDOUT
         if status == AcmStatus.SUCCESS and op.path is not None:
             return AcmStatus.SUCCESS, op.path
+        if not op.finished:
+            self.ep.note_failure("?", status, "the resolution did not end within its budgets")
         if status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA
         counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)
@@ -229,20 +243,22 @@ class Resolver:
         elif entry.state is EntryState.ADDR_RESOLVED:
             entry.state = EntryState.QUERY_ROUTE
         if not self.ep.spawn(self._drive, entry, op, source):
-            self._end(entry, op, AcmStatus.ENODATA)
+            self._end(entry, op, AcmStatus.ENODATA, CLOSED)
         return op
 
     async def _drive(self, entry: DestEntry, op: Operation, source: EpAddr | None) -> None:
-        status: int = AcmStatus.ENODATA  # what is left if we are cancelled (endpoint closed)
+        # What is left if we are cancelled: the endpoint closed.
+        outcome: Outcome = (AcmStatus.ENODATA, CLOSED)
         try:
-            status = await self._advance(entry, source)
+            outcome = await self._advance(entry, source)
         finally:
-            self._end(entry, op, status)
+            self._end(entry, op, *outcome)
 
-    def _end(self, entry: DestEntry, op: Operation, status: int) -> None:
+    def _end(self, entry: DestEntry, op: Operation, status: int, reason: str = "") -> None:
         ready = status == AcmStatus.SUCCESS and entry.state is EntryState.READY
         if not ready and status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA
+            reason = reason or f"the entry ended in {entry.state.name}, not READY"
         if entry.reply_tid is not None:
             tid, entry.reply_tid = entry.reply_tid, None
             # A definite answer goes back to the peer at once. After a timeout we stay
@@ -256,27 +272,31 @@ class Resolver:
         if entry.op is op:
             entry.op = None
         op.path = entry.path if ready else None
-        op.finish(status)
-        log.debug("resolution ended", dest=KeyText(entry.key), status=status, state=entry.state)
+        op.finish(status, reason)
+        if ready:
+            log.debug("resolution ended", dest=KeyText(entry.key), status=status)
+        else:
+            self.ep.note_failure(KeyText(entry.key), status, reason)
 
-    async def _advance(self, entry: DestEntry, source: EpAddr | None) -> int:
+    async def _advance(self, entry: DestEntry, source: EpAddr | None) -> Outcome:
         for _ in range(MAX_STEPS):
             state = entry.state
             if state is EntryState.READY:
-                return AcmStatus.SUCCESS
+                return AcmStatus.SUCCESS, ""
             if state in (EntryState.INIT, EntryState.QUERY_ADDR):
                 if source is None:
-                    return AcmStatus.ENODATA  # only a client's request can start an ACM query
-                status = await self._address_phase(entry, source)
+                    # Only a client's request can start an ACM query.
+                    return AcmStatus.ENODATA, "the peer's address was forgotten meanwhile"
+                outcome = await self._address_phase(entry, source)
             else:
-                status = await self._route_phase(entry)
-            if status != AcmStatus.SUCCESS:
-                return status
-        return AcmStatus.ENODATA
+                outcome = await self._route_phase(entry)
+            if outcome[0] != AcmStatus.SUCCESS:
+                return outcome
+        return AcmStatus.ENODATA, f"the entry was not READY after {MAX_STEPS} phases"
 
     # -- address phase --------------------------------------------------------------------
 
-    async def _address_phase(self, entry: DestEntry, source: EpAddr) -> int:
+    async def _address_phase(self, entry: DestEntry, source: EpAddr) -> Outcome:
         ep = self.ep
         if entry.state is EntryState.INIT:
             entry.state = EntryState.QUERY_ADDR
@@ -290,15 +310,18 @@ class Resolver:
         entry.wake = None
         if not pending.done.is_set():
             log.debug("acm request timed out", dest=KeyText(entry.key))
-            return AcmStatus.ETIMEDOUT
-        return pending.status
+            return AcmStatus.ETIMEDOUT, (
+                f"no answer to the ACM request within {self.address_budget:g} s "
+                f"({ep.options.retries + 1} transmissions)"
+            )
+        return pending.status, pending.reason
 
     async def _ask(self, entry: DestEntry, source: EpAddr, pending: PendingQuery) -> None:
         """Send the request up to retries + 1 times until answered (mad-protocol.md §7)."""
         ep = self.ep
         group0 = ep.group0
         if not group0.joined or group0.av is None or ep.qp is None:
-            pending.complete(AcmStatus.ENODATA)
+            pending.complete(AcmStatus.ENODATA, NOT_READY)
             return
         tid = ep.core.next_tid()
         addr_type, address = key_type(entry.key), key_address(entry.key)
@@ -356,31 +379,32 @@ class Resolver:
                 return True
         return ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
-    async def _route_phase(self, entry: DestEntry) -> int:
+    async def _route_phase(self, entry: DestEntry) -> Outcome:
         ep = self.ep
         entry.state = EntryState.QUERY_ROUTE
         query = entry.route_query()
         if query is None:
-            return AcmStatus.ENODATA
+            return AcmStatus.ENODATA, "no route query: the peer's address is not known"
         now = trio.current_time()
         table_path = ep.bulk_route(query.dgid, query.dlid, now)
         if table_path is not None:
             self._make_ready(entry, table_path, now, keep_av=False)
-            return AcmStatus.SUCCESS
+            return AcmStatus.SUCCESS, ""
         if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
-            return AcmStatus.SUCCESS
+            return AcmStatus.SUCCESS, ""
         if not any(query.sgid):
             # Hosts-file entries: our port is the source (C looked it up by the client's IP).
             query.sgid = ep.port.gid
         ep.counters.both(Counter.ROUTE_QUERY)
         outcome = await ep.port.sa.get(query)
         if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
-            log.debug("route query failed", status=outcome.status, reason=outcome.reason)
-            return outcome.status or AcmStatus.ENODATA
+            reason = outcome.reason or f"the SA answered the PathRecord query {outcome.status}"
+            return outcome.status or AcmStatus.ENODATA, reason
         if entry.state is not EntryState.QUERY_ROUTE:
-            return AcmStatus.ENODATA  # the entry was dropped meanwhile (address removed)
+            # The entry was dropped meanwhile (address removed).
+            return AcmStatus.ENODATA, "the entry was dropped during the SA query"
         self._make_ready(entry, outcome.record, trio.current_time(), keep_av=False)
-        return AcmStatus.SUCCESS
+        return AcmStatus.SUCCESS, ""
 
     def _make_ready(
         self,

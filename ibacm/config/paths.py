@@ -7,6 +7,7 @@ socket and port file from one directory so tests and ``ibacm-sim`` can use a pri
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,10 @@ DEFAULT_ADDR_DATA_FILE = f"{SYSCONFDIR}/ibacm_hosts.data"
 DEFAULT_LOG_FILE = "/var/log/ibacm.log"
 RUNDIR = "/run"
 DEFAULT_LOCK_FILE = f"{RUNDIR}/ibacm.pid"
+DEFAULT_STATE_DIR = "/var/lib/ibacm"
+STATE_DIR_ENV = "STATE_DIRECTORY"
+"""Set by systemd for ``StateDirectory=`` (packaging/ibacm.service), and by ``ibacm-sim up`` to
+each node's directory."""
 # Where the C daemon looks for provider libraries (kept as text: we load no .so files, but the
 # value is logged and written into generated option files).
 DEFAULT_PROVIDER_LIB_PATH = "/usr/lib/x86_64-linux-gnu/ibacm"
@@ -59,3 +64,11 @@ class RunPaths:
     def admin_socket(self) -> Path:
         """Our addition: the administration socket (not part of the C protocol)."""
         return self.rundir / ADMIN_SOCKET_NAME
+
+
+def state_dir(environ: Mapping[str, str]) -> Path:
+    """Where a daemon keeps state across restarts (a relative ``cache_file`` is taken from
+    here): ``$STATE_DIRECTORY`` (its first entry: systemd joins several with colons), else
+    ``DEFAULT_STATE_DIR``."""
+    given = environ.get(STATE_DIR_ENV, "").split(":")[0]
+    return Path(given or DEFAULT_STATE_DIR)

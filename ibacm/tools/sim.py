@@ -42,6 +42,7 @@ from ibacm import __version__
 from ibacm.config.errors import ConfigIssue
 from ibacm.config.hosts_file import parse_hosts_file
 from ibacm.config.options import ServerMode, parse_options
+from ibacm.config.paths import STATE_DIR_ENV
 from ibacm.config.route_file import parse_route_file
 from ibacm.fabric.api import FabricError
 from ibacm.fabric.sim.faults import Faults, FaultSettingError
@@ -420,10 +421,11 @@ async def _up(args: argparse.Namespace) -> int:
         for node in nodes:
             node_dir = layout.node_dir(node)
             command, marker = _node_command(layout, node, kinds[node], daemon_cmd)
-            node_env = env
+            # Its own state directory: a relative cache_file is one file per node.
+            node_env = {**env, STATE_DIR_ENV: str(node_dir)}
             if kinds[node].emulated:
                 assert library is not None
-                node_env = sim_kinds.emulated_env(env, library, node_dir)
+                node_env = sim_kinds.emulated_env(node_env, library, node_dir)
             daemon = _spawn(command, node_dir / "ibacm.out", node_env)
             daemons.add(node, daemon)  # also hears the nodes started before it
             logs[node] = [node_dir / LOG_FILE, node_dir / "ibacm.out"]

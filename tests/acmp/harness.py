@@ -285,7 +285,17 @@ class Cluster:
                 await trio.sleep(0.01)
 
     def acm_requests(self) -> int:
-        return self.world.count(0x2C, 0x01)
+        """ACM requests sent to resolve something: gratuitous announcements (a node whose
+        LID changed or that joined again) not included (see ``announcements``)."""
+        return self.world.count(0x2C, 0x01) - self.announcements()
+
+    def announcements(self) -> int:
+        return sum(
+            endpoint.stats.announcements
+            for node in self.nodes.values()
+            for port in node.provider.ports
+            for endpoint in port.endpoints.values()
+        )
 
     def acm_responses(self) -> int:
         return self.world.count(0x2C, 0x81)

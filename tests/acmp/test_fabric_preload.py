@@ -261,3 +261,37 @@ async def test_bulk_route_table_is_taken_again_after_an_sm_change(
         result = await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node3"))
         assert result.status == AcmStatus.SUCCESS
         assert c.sa_path_queries() == 0
+
+
+async def test_start_removes_what_an_interrupted_save_left(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    cache_file = tmp_path / "acmp-cache.json"
+    # What a save killed between writing and renaming leaves: a temporary as big as a save.
+    left = tmp_path / ".acmp-cache.json.k3j9x1.tmp"
+    left.write_text("{" + " " * 4096)
+    other = tmp_path / ".other.json.abc.tmp"  # not ours: stays
+    other.write_text("x")
+    async with cluster(2, options(cache_file=str(cache_file))) as c:
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
+        assert not left.exists()
+        assert other.exists()
+
+
+async def test_a_relative_cache_file_is_taken_from_the_state_directory(
+    autojump_clock: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As systemd's StateDirectory= and ibacm-sim up (one directory per node) set it.
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'state'}:{tmp_path / 'second'}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "state").mkdir()
+    async with cluster(2, options(cache_file="cache.json")) as c:
+        assert (
+            await c["node1"].resolve(ipv4(c.world, "node1"), ipv4(c.world, "node2"))
+        ).status == 0
+        await c["node1"].stop()
+        del c.nodes["node1"]
+    assert (tmp_path / "state" / "cache.json").is_file()
+    assert not (tmp_path / "cache.json").exists()

@@ -21,7 +21,9 @@ The full daemons make their first request (for their ring successor) at the job 
 through their dispatchers, so every node multicasts once as in the storm. Then every full
 daemon resolves all N - 1 other nodes by name, one after another, through its dispatcher
 with the 160-byte RESOLVE frame of ``ib_acme -f n``, and every answer is checked (status 0,
-a PATH whose DLID and DGID are the target's).
+a PATH whose DLID and DGID are the target's). Every failure is listed with its daemon, target,
+status and cause: what the daemon recorded (``recent_failures`` of its endpoint, the admin
+snapshot's; for a daemon process, asked through its admin socket right after the failure).
 
 Per full daemon (median and max over the K):
 
@@ -43,7 +45,12 @@ Per full daemon (median and max over the K):
 Beside each point, ``--processes`` P daemons (2 by default) run as real ``ibacm`` processes
 on a hub this process serves, resolving all N - 1 nodes through their unix sockets: their
 CPU and peak RSS from /proc, the simulated fabric's transport and the client socket's
-round trips included (``--one-process N P CONFIG`` runs one such point).
+round trips included (``--one-process N P CONFIG`` runs one such point). The job start waits
+until every daemon process's endpoints have joined their groups (and, with ``bulk``, hold
+their bulk routes), as the admin snapshot says: a quiet CPU is not enough, since a join the
+SA answered BUSY waits quietly for its retry, and a resolution meanwhile is answered ENODATA
+(the documented answer of an endpoint without group 0; the one failure of 79,998 once seen at
+40,000 nodes under load).
 
 For the fabric: multicast requests, SA PathRecord queries and the PathRecords the SA sent
 (``SubnetAdministrator.records_sent``: a bulk GetTable carries one per port).
@@ -74,7 +81,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +97,10 @@ from ibacm.fabric.sim.hub import serve_hub
 from ibacm.fabric.sim.topology import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import Counter as AcmCounter
+from ibacm.tools.admin_cli import AdminConnection
 from ibacm.tools.sim import addr_text
-from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
+from ibacm.wire.admin import Command
+from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AcmStatus, AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import ZERO_GID, PathRecord
 from tests.bench import plots
 from tests.bench.common import (
@@ -333,7 +342,7 @@ async def scale_point(
         dlids = {name: world.node(name).lids[0] for name in names}
         dgids = {name: world.node(name).gids[0] for name in names}
         first: list[bytes] = []
-        failures: Counter[str] = Counter()
+        outcomes = Outcomes()
         per_daemon: list[dict[str, Any]] = []
         gc.collect()
         gc.freeze()
@@ -372,7 +381,9 @@ async def scale_point(
                 reply = node.dispatcher.answer_now(frame) or node.dispatcher.resolve_now(frame)
                 if reply is None:
                     reply = await node.dispatcher.resolve(frame, "scale")
-                failures[_check(reply, dlids[target], dgids[target])] += 1
+                verdict = _check(reply, dlids[target], dgids[target])
+                cause = in_process_cause(node, target) if verdict != "ok" else ""
+                outcomes.add(node.name, target, verdict, cause)
             own_cpu = time.process_time() - cpu1
             per_daemon.append(
                 {
@@ -442,7 +453,7 @@ async def scale_point(
         "full": full_count,
         "config": config_name,
         "resolutions": full_count * (nodes_count - 1),
-        **_outcomes(failures),
+        **outcomes.figures(),
         "peer_requests": peer_requests,
         "peer_answers": pool.answered,
         "peer_requests_for_peers_unanswered": pool.unanswered,
@@ -535,23 +546,90 @@ async def _first_request(node: CoreNode, frame: bytes, replies: list[bytes]) -> 
 
 def _check(reply: bytes, dlid: int, dgid: bytes) -> str:
     if reply[2] != 0:
-        return f"status {reply[2]}"
+        try:
+            return f"status {reply[2]} ({AcmStatus(reply[2]).name})"
+        except ValueError:
+            return f"status {reply[2]}"
     if int.from_bytes(reply[20:22], "little") != AddrType.PATH:
         return "no path"
     path = reply[HDR_LEN + 8 : HDR_LEN + 8 + 64]
     if int.from_bytes(path[40:42], "big") != dlid:
-        return "wrong DLID"
+        return f"wrong DLID {int.from_bytes(path[40:42], 'big')} (expected {dlid})"
     if path[8:24] != dgid:
         return "wrong DGID"
     return "ok"
 
 
-def _outcomes(failures: Counter[str]) -> dict[str, Any]:
-    """The resolutions that succeeded ("ok") and the others by what went wrong."""
-    return {
-        "succeeded": failures.get("ok", 0),
-        "failures": {k: v for k, v in failures.items() if k != "ok"},
-    }
+@dataclass
+class Outcomes:
+    """Every resolution's verdict; each failure with its daemon, target, status and cause."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, daemon: str, target: str, verdict: str, cause: str = "") -> None:
+        self.counts[verdict] += 1
+        if verdict != "ok":
+            self.failed.append(
+                {"daemon": daemon, "target": target, "verdict": verdict, "cause": cause}
+            )
+
+    def figures(self) -> dict[str, Any]:
+        """The resolutions that succeeded ("ok"), the others by what went wrong, and every
+        failure with its cause (what the daemon recorded: ``recent_failures``)."""
+        return {
+            "succeeded": self.counts.get("ok", 0),
+            "failures": {k: v for k, v in self.counts.items() if k != "ok"},
+            "failed": self.failed,
+        }
+
+
+def failure_cause(target: str, failures: Iterable[dict[str, Any]], endpoint_state: str) -> str:
+    """Why a daemon failed a resolution, from its ``recent_failures`` (newest first)."""
+    for failure in reversed(list(failures)):
+        if failure.get("dest") == target:
+            return f"{failure.get('reason')} ({failure.get('age', 0):.1f} s before the check)"
+    return f"the daemon recorded no failure for it (endpoint {endpoint_state})"
+
+
+def in_process_cause(node: CoreNode, target: str) -> str:
+    endpoint = node.endpoints()[0]
+    return failure_cause(target, endpoint.describe()["recent_failures"], endpoint.state.value)
+
+
+def snapshot_cause(admin_socket: Path, target: str) -> str:
+    """The cause a daemon process gives, from its admin snapshot (blocking; failures only)."""
+    try:
+        with AdminConnection(str(admin_socket), timeout=60) as conn:
+            snapshot = conn.call(Command.SNAPSHOT)
+    except Exception as exc:  # the cause is a report: say why it is missing instead
+        return f"no admin snapshot ({exc})"
+    endpoints = snapshot.get("endpoints") or [{}]
+    return failure_cause(
+        target, endpoints[0].get("recent_failures", ()), str(endpoints[0].get("state"))
+    )
+
+
+def endpoints_ready(admin_socket: Path, bulk: bool) -> bool:
+    """Every endpoint of a daemon process joined (and holds its bulk routes)."""
+    with AdminConnection(str(admin_socket), timeout=60) as conn:
+        snapshot = conn.call(Command.SNAPSHOT)
+    endpoints = snapshot.get("endpoints") or []
+    return bool(endpoints) and all(
+        ep.get("state") == "ready" and (not bulk or ep.get("bulk_routes", 0) > 0)
+        for ep in endpoints
+    )
+
+
+def print_failures(figures: dict[str, Any], shown: int = 20) -> None:
+    failed = figures.get("failed") or []
+    for failure in failed[:shown]:
+        print(
+            f"    failed: {failure['daemon']} -> {failure['target']}: {failure['verdict']}: "
+            f"{failure['cause']}"
+        )
+    if len(failed) > shown:
+        print(f"    ... and {len(failed) - shown} more (all in the results file)")
 
 
 def _per_daemon(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -671,7 +749,7 @@ async def process_point(
     position = {name: index for index, name in enumerate(names)}
     dlids = {name: world.node(name).lids[0] for name in names}
     dgids = {name: world.node(name).gids[0] for name in names}
-    failures: Counter[str] = Counter()
+    outcomes = Outcomes()
     env = bench_env()
     procs_by_name: dict[str, subprocess.Popen[bytes]] = {}
     per_daemon: list[dict[str, Any]] = []
@@ -708,6 +786,19 @@ async def process_point(
                     await trio.to_thread.run_sync(wait_notified, sock, proc)
             pids = [proc.pid for proc in procs_by_name.values()]
             await _settle(pids, timeout=PROCESS_READY_TIMEOUT)  # joins, bulk preloads
+            # Quiet is not ready: a join the SA answered BUSY waits for its retry, quietly,
+            # and a request meanwhile is answered ENODATA (the one failure seen at 40,000).
+            bulk = bool(config.get("route_bulk_preload"))
+            with trio.move_on_after(PROCESS_READY_TIMEOUT) as waiting:
+                for name in daemon_names:
+                    admin_socket = work / name / "ibacm-admin.sock"
+                    while not await trio.to_thread.run_sync(endpoints_ready, admin_socket, bulk):
+                        await trio.sleep(0.1)
+            if waiting.cancelled_caught:
+                raise BenchError(
+                    f"the daemons' endpoints were not ready (joined{', bulk routes' * bulk}) "
+                    f"after {PROCESS_READY_TIMEOUT:g} s"
+                )
             ready = {name: proc_rss_mb(proc.pid)["rss_mb"] for name, proc in procs_by_name.items()}
             counters_before = Counter(world.counters)
             records_before = world.sa.records_sent[PATH_RECORD_ATTR]
@@ -718,10 +809,18 @@ async def process_point(
             }
             started = time.perf_counter()
 
+            async def check(name: str, target: str, reply: bytes) -> None:
+                verdict = _check(reply, dlids[target], dgids[target])
+                cause = ""
+                if verdict != "ok":
+                    admin_socket = work / name / "ibacm-admin.sock"
+                    cause = await trio.to_thread.run_sync(snapshot_cause, admin_socket, target)
+                outcomes.add(name, target, verdict, cause)
+
             async def first(name: str) -> None:
                 successor = names[(position[name] + 1) % len(names)]
                 reply = await _exchange(streams[name], frames.frame(name, successor))
-                failures[_check(reply, dlids[successor], dgids[successor])] += 1
+                await check(name, successor, reply)
 
             # The job start: every daemon's first request, then every peer's.
             async with trio.open_nursery() as firsts:
@@ -739,7 +838,7 @@ async def process_point(
                     if target == name or target == names[(position[name] + 1) % len(names)]:
                         continue
                     reply = await _exchange(stream, frames.frame(name, target))
-                    failures[_check(reply, dlids[target], dgids[target])] += 1
+                    await check(name, target, reply)
                 pid = procs_by_name[name].pid
                 rss = proc_rss_mb(pid)
                 per_daemon.append(
@@ -779,7 +878,7 @@ async def process_point(
         "processes": procs,
         "config": config_name,
         "resolutions": procs * (nodes_count - 1),
-        **_outcomes(failures),
+        **outcomes.figures(),
         "peer_requests": peer_requests,
         "burst_wall_s": round(burst_wall, 2),
         "per_daemon": _per_daemon(
@@ -837,6 +936,7 @@ def print_point(figures: dict[str, Any]) -> None:
         f"{fabric['sa_path_queries']}, records {fabric['sa_path_records']} "
         f"(+start-up {fabric['sa_path_records_incl_startup'] - fabric['sa_path_records']})"
     )
+    print_failures(figures)
 
 
 def print_process_point(figures: dict[str, Any]) -> None:
@@ -854,6 +954,7 @@ def print_process_point(figures: dict[str, Any]) -> None:
         f"  fabric: mcast {figures['fabric']['multicast_requests']}, SA PR queries "
         f"{figures['fabric']['sa_path_queries']}"
     )
+    print_failures(figures)
 
 
 def storm_points(extra: list[Path]) -> list[dict[str, Any]]:
