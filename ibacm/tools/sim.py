@@ -782,6 +782,7 @@ async def _start_node(layout: Layout, node: str, *, timeout: float) -> None:
     listener = ReadyListener()
     listener.bind()
     env = dict(os.environ, NOTIFY_SOCKET=listener.name, PYTHONUNBUFFERED="1")
+    env[STATE_DIR_ENV] = str(node_dir)  # as up gave it: its relative cache_file stays its own
     try:
         if kind.emulated:
             device = pids.get("devices", {}).get(node)

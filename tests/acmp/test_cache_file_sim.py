@@ -30,6 +30,12 @@ def test_each_sim_node_saves_its_own_relative_cache_file() -> None:
                 check=False,
             )
             assert done.returncode == 0, done.stdout
+        # A node restarted on its own keeps its state directory (and so its file).
+        restart = ibacm_sim("restart", "--dir", str(root), "node1")
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        pid = json.loads((root / "pids.json").read_text())["nodes"]["node1"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"STATE_DIRECTORY={root / 'node1'}".encode() in environ
         assert ibacm_sim("down", "--dir", str(root)).returncode == 0
         saved = {}
         for node in ("node1", "node2", "node3"):
