@@ -106,6 +106,9 @@ class AcmpPort:
         self.endpoints: dict[int, AcmpEndpoint] = {}
         """Open endpoints by partition (low 15 bits of the P_Key)."""
         self.closed = False
+        self.serving = trio.Event()
+        """Set once one of its endpoints has joined group 0. Other SA work of the port (the SM
+        event subscription) waits for it, so it never holds a join back (``sa_depth`` 1)."""
 
     @property
     def attrs(self) -> Any:
@@ -469,8 +472,10 @@ class AcmpEndpoint:
             pkey=f"0x{self.pkey:04x}",
         )
         self.core.publish("group", {"endpoint": self.name, **group.describe()})
-        if group.index == 0 and self.state is EndpointState.INIT:
-            self.set_state(EndpointState.READY)
+        if group.index == 0:
+            port.serving.set()
+            if self.state is EndpointState.INIT:
+                self.set_state(EndpointState.READY)
         if group.index in self._announce:
             self._announce.discard(group.index)
             self.spawn(self._announce_on, group)

@@ -85,6 +85,7 @@ class SmEvents:
     # -- subscribing ----------------------------------------------------------------------
 
     async def _subscriber(self) -> None:
+        await self.port.serving.wait()  # the joins first: they are what clients wait for
         backoff = BACKOFF_FIRST
         while True:
             self._again = trio.Event()

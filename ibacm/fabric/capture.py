@@ -91,10 +91,7 @@ class MadKind:
 
 
 _CLASS_NAMES: dict[int, str] = {MgmtClass.SUBN_ADM: "sa", MgmtClass.ACM: "acm"}
-_ATTR_NAMES: dict[int, str] = {
-    SaAttr.PATH_RECORD: "path_record",
-    SaAttr.MC_MEMBER_RECORD: "mc_member_record",
-}
+_ATTR_NAMES: dict[int, str] = {attr: attr.name.lower() for attr in SaAttr}
 
 
 def describe_mad(mad: bytes) -> MadKind:

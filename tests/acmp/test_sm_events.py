@@ -138,11 +138,25 @@ async def test_resubscribed_after_sm_change_reregister_and_port_up(
 
 
 async def test_a_refused_subscription_is_retried_with_a_backoff(autojump_clock: object) -> None:
-    opts = Options()
-    async with cluster(2, opts, faults={"sa_down": True}, ready=False) as c:
+    async with cluster(2) as c:
+        await settle()
+        c.world.faults.sa_down = True
+        c.world.sa.subscriptions.clear()  # a new SM that knows none
+        c.world.client_reregister("node1")
         await trio.sleep(30)  # each attempt waits out the SA timeouts, then the backoff
         assert not c.world.sa.subscriptions
         assert sm_events(c, "node1")["refused"] >= 2
+        c.world.faults.sa_down = False
+        await trio.sleep(BACKOFF_MAX)
+        assert guid(c, "node1") in subscribers(c)
+
+
+async def test_the_joins_go_before_the_subscription(autojump_clock: object) -> None:
+    # sa_depth 1: a subscription sent first would hold every port's group join back. While
+    # the joins fail, no subscription is even tried.
+    async with cluster(2, Options(), faults={"sa_down": True}, ready=False) as c:
+        await trio.sleep(30)
+        assert subscriptions(c) == 0 and "refused" not in sm_events(c, "node1")
         c.world.faults.sa_down = False
         await trio.sleep(BACKOFF_MAX)
         assert subscribers(c) == {guid(c, "node1"), guid(c, "node2")}

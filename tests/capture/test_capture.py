@@ -20,6 +20,7 @@ from ibacm.fabric.capture import (
     CaptureError,
     CaptureUsageError,
     Direction,
+    MadKind,
     MadTrace,
     SaExchange,
     SaOutcome,
@@ -31,6 +32,14 @@ from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire import erf
 from ibacm.wire.acm_mad import AcmMad
 from ibacm.wire.mad import Method, RmppFlag, SaMad, build_path_get_table
+from ibacm.wire.notice import (
+    InformInfo,
+    Notice,
+    Trap,
+    build_inform_info_set,
+    build_report,
+    build_report_resp,
+)
 from ibacm.wire.path_record import PathRecord
 from tests.capture.traffic import GROUP0, REQUEST_TID, Exchange, acm_exchange, running
 from tests.fullfs import free, full_tmpfs
@@ -380,3 +389,12 @@ async def test_a_full_disk_costs_records_not_the_capture(
     assert "No space left on device" in reports[0]
     assert f"ibacm: writing {path} again" in err
     assert "Traceback" not in err
+
+
+def test_sm_event_mads_are_named_in_logs_and_metrics() -> None:
+    subscribe = build_inform_info_set(7, InformInfo(trap_num=Trap.GID_OUT_OF_SERVICE))
+    assert describe_mad(subscribe) == MadKind("sa", "set", "inform_info")
+    gone = Notice.gid_trap(Trap.GID_OUT_OF_SERVICE, bytes(16), issuer_lid=1, issuer_gid=bytes(16))
+    report = build_report(8, gone)
+    assert describe_mad(report) == MadKind("sa", "report", "notice")
+    assert describe_mad(build_report_resp(SaMad.decode(report))).method == "report_resp"
