@@ -26,9 +26,12 @@ MGID = "ff15:4001:ffff:3:400::"
 
 def dashboard(path: Path, label: str = "node1", snapshot_interval: float = 0.0) -> Dashboard:
     # No periodic snapshots unless a test asks: each test sees only the path it exercises.
-    return Dashboard(
+    app = Dashboard(
         Target(str(path), label), backoff=(0.1, 0.4), snapshot_interval=snapshot_interval
     )
+    # Keys are checked, not how a tab's underline slides: each press would wait it out.
+    app.animation_level = "none"
+    return app
 
 
 async def until(pilot: Pilot[None], predicate: Callable[[], bool], what: str, timeout=15.0) -> None:
