@@ -7,10 +7,13 @@ CI (``CI=true``) it fails, so CI can never go green without exercising the real 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,37 @@ def ibacm_sim(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=300,
         check=False,
     )
+
+
+@contextlib.contextmanager
+def sim_cluster(prefix: str, *up_args: str) -> Iterator[Path]:
+    """The directory of an ``ibacm-sim up`` cluster (``up_args``: ``--nodes 3`` ...), brought
+    down and removed on the way out."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        up = ibacm_sim("up", "--dir", str(directory), *up_args)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield directory
+    finally:
+        ibacm_sim("down", "--dir", str(directory))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def on_terminal(
+    argv: Sequence[str], timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], bytes]:
+    """Run ``argv`` with its stderr on a pseudo-terminal: its result (stdout captured) and
+    every byte it showed on the terminal."""
+    master, slave = os.openpty()
+    try:
+        done = subprocess.run(
+            list(argv), stdout=subprocess.PIPE, stderr=slave, text=True, timeout=timeout
+        )
+        os.close(slave)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once everything written is read
+            while chunk := os.read(master, 4096):
+                shown += chunk
+    finally:
+        os.close(master)
+    return done, shown

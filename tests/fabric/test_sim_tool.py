@@ -7,7 +7,6 @@ once the daemon exists.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from ibacm.tools.sim import main as sim_main
-from tests.conftest import require_file
+from tests.conftest import on_terminal, require_file
 from tests.fabric.helpers import NET_EXAMPLES
 
 FAKE_DAEMON = Path(__file__).parent / "fake_ibacm.py"
@@ -184,20 +183,12 @@ def test_a_timeout_names_the_node_that_is_really_not_ready(tmp_path: Path) -> No
 
 def test_up_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     root = tmp_path / "p"
-    master, slave = os.openpty()
     try:
-        up = subprocess.run(
+        up, shown = on_terminal(
             [sys.executable, "-m", "ibacm.tools.sim", "up", "--nodes", "5", "--dir", str(root),
-             "--daemon-cmd", daemon_cmd()],
-            stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120,
+             "--daemon-cmd", daemon_cmd()]
         )  # fmt: skip
-        os.close(slave)
-        shown = b""
-        with contextlib.suppress(OSError):  # EIO once everything written is read
-            while chunk := os.read(master, 4096):
-                shown += chunk
     finally:
-        os.close(master)
         sim("down", "--dir", str(root))
     assert up.returncode == 0, shown
     assert "5 node(s) up" in up.stdout

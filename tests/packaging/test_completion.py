@@ -4,10 +4,8 @@ by a real zsh, against a real ``ibacm-sim up`` cluster for the node names."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ibacm.tools import acme_cli, completion, sim
-from tests.conftest import REPO, ibacm_sim, require_peer
+from tests.conftest import REPO, require_peer, sim_cluster
 from tests.packaging.shells import bash_complete, zsh_complete
 
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
@@ -49,14 +47,8 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="completion"))
-    up = ibacm_sim("up", "--nodes", "3", "--dir", str(directory))
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
+    with sim_cluster("completion", "--nodes", "3") as directory:
         yield directory
-    finally:
-        ibacm_sim("down", "--dir", str(directory))
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 NODES = ["node1", "node2", "node3"]

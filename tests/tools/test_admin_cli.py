@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 import ibacm
 from ibacm.wire import admin as wire
-from tests.conftest import ibacm_sim
+from tests.conftest import sim_cluster
 
 ADMIN = [sys.executable, "-m", "ibacm.tools.admin_cli"]
 ACME = [sys.executable, "-m", "ibacm.tools.ib_acme"]
@@ -22,14 +20,8 @@ ACME = [sys.executable, "-m", "ibacm.tools.ib_acme"]
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="admin-cli"))
-    up = ibacm_sim("up", "--nodes", "3", "--dir", str(directory))
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
+    with sim_cluster("admin-cli", "--nodes", "3") as directory:
         yield directory
-    finally:
-        ibacm_sim("down", "--dir", str(directory))
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def admin(sim: Path, *args: str, node: str = "node1") -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,7 @@ import pytest
 from ibacm import __version__
 from ibacm.fabric.sim.faults import Faults
 from ibacm.tools import sim_procs
-from tests.conftest import ibacm_sim, require_file, require_peer
+from tests.conftest import ibacm_sim, on_terminal, require_file, require_peer
 
 FAKE_DAEMON = Path(__file__).resolve().parent.parent / "fabric" / "fake_ibacm.py"
 C_DAEMON = Path("/usr/sbin/ibacm")
@@ -155,20 +155,10 @@ def test_down_waits_while_daemons_keep_stopping() -> None:
 def test_down_shows_progress_on_a_terminal() -> None:
     with cluster(2) as c:
         os.kill(c.pid("node1"), signal.SIGSTOP)
-        master, slave = os.openpty()
-        try:
-            down = subprocess.run(
-                [sys.executable, "-m", "ibacm.tools.sim", "down", "--dir", str(c.directory),
-                 "--grace", "3"],
-                stdout=subprocess.PIPE, stderr=slave, text=True, timeout=120,
-            )  # fmt: skip
-            os.close(slave)
-            shown = b""
-            with contextlib.suppress(OSError):  # EIO once everything written is read
-                while chunk := os.read(master, 4096):
-                    shown += chunk
-        finally:
-            os.close(master)
+        down, shown = on_terminal(
+            [sys.executable, "-m", "ibacm.tools.sim", "down", "--dir", str(c.directory),
+             "--grace", "3"]
+        )  # fmt: skip
         assert down.returncode == 0 and "killed 1 " in down.stdout, down.stdout
         text = shown.decode()
         assert "ibacm-sim: nodes 1/2 stopped" in text and "nodes 2/2 stopped" in text, text
