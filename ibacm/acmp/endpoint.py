@@ -727,6 +727,30 @@ class AcmpEndpoint:
                 count += 1
         return count
 
+    def forget_gid(self, gid: bytes) -> int:
+        """The SM says ``gid`` is out of service: drop what leads to it (its bulk route, the
+        entries whose address or route is that GID), except what a resolution is working on.
+        An entry with a configured address (a query: hosts file, path request) keeps it and
+        loses its route. Returns how many entries went."""
+        path = self.bulk_by_gid.pop(gid, None)
+        if path is not None:
+            self.bulk_by_lid.pop(path.dlid, None)
+        count = 0
+        for entry in self.cache.learned():
+            if entry.busy:
+                continue
+            route = entry.path if entry.state is EntryState.READY else None
+            if entry.route_gid() != gid and (route is None or route.dgid != gid):
+                continue
+            if entry.query is not None:
+                if entry.state is not EntryState.READY:
+                    continue
+                entry.state = EntryState.ADDR_RESOLVED  # the next use asks the SA again
+            else:
+                self.cache.remove(entry.key)
+            count += 1
+        return count
+
     # -- observability --------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ibacm.acmp.cache import EntryState
 from ibacm.fabric.api import FabricError
 from ibacm.log import get_logger
 from ibacm.wire.errors import WireError
@@ -37,7 +36,7 @@ from ibacm.wire.notice import (
 )
 
 if TYPE_CHECKING:
-    from ibacm.acmp.endpoint import AcmpEndpoint, AcmpPort
+    from ibacm.acmp.endpoint import AcmpPort
 
 log = get_logger("ibacm.acmp.events")
 
@@ -165,34 +164,12 @@ class SmEvents:
 
     def gid_out_of_service(self, gid: bytes) -> int:
         """Drop what leads to ``gid`` in every endpoint of the port; how many entries."""
-        return sum(_drop(endpoint, gid) for endpoint in list(self.port.endpoints.values()))
+        return sum(endpoint.forget_gid(gid) for endpoint in list(self.port.endpoints.values()))
 
     @property
     def _name(self) -> str:
         core_port = self.port.core_port
         return f"{core_port.device.name}/{core_port.port_num}"
-
-
-def _drop(endpoint: AcmpEndpoint, gid: bytes) -> int:
-    path = endpoint.bulk_by_gid.pop(gid, None)
-    if path is not None:
-        endpoint.bulk_by_lid.pop(path.dlid, None)
-    count = 0
-    cache = endpoint.cache
-    for entry in cache.learned():
-        if entry.busy:
-            continue
-        route = entry.path if entry.state is EntryState.READY else None
-        if entry.route_gid() != gid and (route is None or route.dgid != gid):
-            continue
-        if entry.query is not None:
-            if entry.state is not EntryState.READY:
-                continue
-            entry.state = EntryState.ADDR_RESOLVED  # configured address: ask the SA again
-        else:
-            cache.remove(entry.key)
-        count += 1
-    return count
 
 
 def _text(gid: bytes) -> str:
