@@ -136,7 +136,7 @@ class Resolver:
                 if self.route_now(entry, trio.current_time()):
                     return AcmStatus.SUCCESS, entry.path
             op = self._start(entry, source)
-        return await self._park(op, nodelay)
+        return await self._park(entry, op, nodelay)
 
     def cached(self, dest_type: int, dest: bytes) -> bytes | None:
         """The route to (``dest_type``, ``dest``), packed, when the cache has it READY now
@@ -191,9 +191,11 @@ class Resolver:
                 entry.query = path_query(request, ep.pkey, port.lid, port.gid)
                 entry.state = EntryState.ADDR_RESOLVED
             op = self._start(entry, None)
-        return await self._park(op, nodelay)
+        return await self._park(entry, op, nodelay)
 
-    async def _park(self, op: Operation, nodelay: bool) -> tuple[int, PathRecord | None]:
+    async def _park(
+        self, entry: DestEntry, op: Operation, nodelay: bool
+    ) -> tuple[int, PathRecord | None]:
         counters = self.ep.counters
         if nodelay:
             counters.endpoint_only(Counter.NODATA)
@@ -208,7 +210,8 @@ class Resolver:
         if status == AcmStatus.SUCCESS and op.path is not None:
             return AcmStatus.SUCCESS, op.path
         if not op.finished:
-            self.ep.note_failure("?", status, "the resolution did not end within its budgets")
+            reason = "the resolution did not end within its budgets"
+            self.ep.note_failure(KeyText(entry.key), status, reason)
         if status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA
         counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)

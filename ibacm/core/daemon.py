@@ -491,7 +491,7 @@ class Daemon:
         # process's end, so a second SIGTERM or a logrotate SIGHUP (or one the receiver still
         # held) never kills a daemon saving its cache and releasing its lock on the way out.
         _hold_signals()
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        with trio.open_signal_receiver(*_HELD_SIGNALS) as signals:
             task_status.started()
             async for signum in signals:
                 if self._stop.is_set():  # stopping: no reload, no second warning
@@ -553,7 +553,8 @@ class Daemon:
             try:
                 return await self._reload()
             finally:
-                self.notifier.reloaded(self.status_line())
+                if self.notifier.enabled:
+                    self.notifier.reloaded(self.status_line())
 
     async def _reload(self) -> list[str]:
         new, problems = self._read_options()

@@ -641,10 +641,11 @@ class CaptureControl:
                 raw = await trio.to_thread.run_sync(_open_capture_file, path)
             except OSError as exc:
                 raise CaptureError(
-                    f"cannot open capture file {path!r}: {exc.strerror or exc}"
+                    f"cannot open capture file {path!r}: {reason(exc)}"
                 ) from exc
+            header = erf.pcap_file_header()
             try:
-                await trio.to_thread.run_sync(_append, raw, erf.pcap_file_header(), 0)
+                await trio.to_thread.run_sync(_append, raw, header, 0)
             except BaseException as exc:
                 raw.close()
                 if isinstance(exc, OSError):
@@ -661,7 +662,7 @@ class CaptureControl:
                 done=trio.Event(),
             )
             self._session = session
-            session.written = len(erf.pcap_file_header())
+            session.written = len(header)
             self._nursery.start_soon(self._writer, session, receive, raw)
             self.tap.add_observer(self)
             log.info("MAD capture started", path=path)

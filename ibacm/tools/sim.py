@@ -30,7 +30,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -61,6 +61,8 @@ CLIENT_SOCKET = "ibacm-unix.sock"
 ADMIN_SOCKET = "ibacm-admin.sock"
 LOCK_FILE = "ibacm.pid"
 LOG_FILE = "ibacm.log"
+DAEMON_OUTPUT = "ibacm.out"
+"""A node daemon's standard output and error, in its directory."""
 OPTS_FILE = "ibacm_opts.cfg"
 ADDR_FILE = "ibacm_addr.cfg"
 TCP_PORT_FILE = "ibacm-tcp.port"
@@ -421,14 +423,10 @@ async def _up(args: argparse.Namespace) -> int:
         for node in nodes:
             node_dir = layout.node_dir(node)
             command, marker = _node_command(layout, node, kinds[node], daemon_cmd)
-            # Its own state directory: a relative cache_file is one file per node.
-            node_env = {**env, STATE_DIR_ENV: str(node_dir)}
-            if kinds[node].emulated:
-                assert library is not None
-                node_env = sim_kinds.emulated_env(node_env, library, node_dir)
-            daemon = _spawn(command, node_dir / "ibacm.out", node_env)
+            node_env = _daemon_env(env, node_dir, library if kinds[node].emulated else None)
+            daemon = _spawn(command, node_dir / DAEMON_OUTPUT, node_env)
             daemons.add(node, daemon)  # also hears the nodes started before it
-            logs[node] = [node_dir / LOG_FILE, node_dir / "ibacm.out"]
+            logs[node] = _daemon_logs(node_dir)
             pids["nodes"][node] = daemon.pid
             pids["markers"][node] = marker
         _write_pids(layout, pids)
@@ -568,12 +566,33 @@ def _find_daemons(
     return found
 
 
-def _start_command(layout: Layout, pids: dict[str, Any], node: str) -> list[str] | None:
-    """The command ``start`` runs for ``node``; None where it cannot be built here."""
+def _daemon_env(env: Mapping[str, str], node_dir: Path, library: Path | None) -> dict[str, str]:
+    """A node daemon's environment: its own state directory (a relative cache_file is one
+    file per node) and, on an emulated HCA (``library``), the emulation's preload."""
+    node_env = {**env, STATE_DIR_ENV: str(node_dir)}
+    if library is not None:
+        node_env = sim_kinds.emulated_env(node_env, library, node_dir)
+    return node_env
+
+
+def _daemon_logs(node_dir: Path) -> list[Path]:
+    return [node_dir / LOG_FILE, node_dir / DAEMON_OUTPUT]
+
+
+def _recorded_command(
+    layout: Layout, pids: dict[str, Any], node: str
+) -> tuple[NodeKind, list[str], str]:
+    """The kind of ``node`` and the command (and marker) ``up`` gave its daemon."""
     kind = NodeKind(sim_kinds.kinds_of(pids).get(node, NodeKind.SIM.value))
     daemon_cmd = pids.get("daemon_cmd") or shlex.split(default_daemon_cmd())
+    command, marker = _node_command(layout, node, kind, [str(arg) for arg in daemon_cmd])
+    return kind, command, marker
+
+
+def _start_command(layout: Layout, pids: dict[str, Any], node: str) -> list[str] | None:
+    """The command ``start`` runs for ``node``; None where it cannot be built here."""
     try:
-        return _node_command(layout, node, kind, [str(arg) for arg in daemon_cmd])[0]
+        return _recorded_command(layout, pids, node)[1]
     except NamespaceError:
         return None
 
@@ -748,17 +767,17 @@ async def _down(layout: Layout, *, grace: float, quiet: bool = False) -> int:
 # -- one node -----------------------------------------------------------------------------
 
 
-def _cluster_node(layout: Layout, node: str) -> Topology:
+def _check_node(layout: Layout, node: str) -> None:
+    """A node of the cluster in ``layout`` (an error names what is missing)."""
     try:
         topology = Topology.from_json(layout.topology.read_text())
     except FileNotFoundError as exc:
         raise SimToolError(f"{layout.root} holds no simulated cluster (no topology.json)") from exc
     topology.host(node)  # TopologyError names an unknown node
-    return topology
 
 
 async def _stop_node(layout: Layout, node: str, *, grace: float) -> None:
-    _cluster_node(layout, node)
+    _check_node(layout, node)
     daemon = _find_daemons(layout, _read_pids(layout), [node]).get(node)
     if daemon is None:
         print(f"ibacm-sim: {node} was not running")
@@ -770,20 +789,20 @@ async def _stop_node(layout: Layout, node: str, *, grace: float) -> None:
 
 
 async def _start_node(layout: Layout, node: str, *, timeout: float) -> None:
-    _cluster_node(layout, node)
+    _check_node(layout, node)
     pids = _read_pids(layout)
     if not sim_procs.alive(pids.get("hub"), _HUB_MARKER):
         raise SimToolError(f"{layout.root} is not up (its hub is not running); use: ibacm-sim up")
     running = _find_daemons(layout, pids, [node]).get(node)
     if running is not None:
         raise SimToolError(f"{node} is already running (pid {running.pid})")
-    kind = NodeKind(sim_kinds.kinds_of(pids).get(node, NodeKind.SIM.value))
     node_dir = layout.node_dir(node)
     listener = ReadyListener()
     listener.bind()
-    env = dict(os.environ, NOTIFY_SOCKET=listener.name, PYTHONUNBUFFERED="1")
-    env[STATE_DIR_ENV] = str(node_dir)  # as up gave it: its relative cache_file stays its own
+    base_env = dict(os.environ, NOTIFY_SOCKET=listener.name, PYTHONUNBUFFERED="1")
     try:
+        kind, command, marker = _recorded_command(layout, pids, node)
+        library = None
         if kind.emulated:
             device = pids.get("devices", {}).get(node)
             if not sim_procs.alive(device, sim_kinds.device_marker(node)):
@@ -791,25 +810,22 @@ async def _start_node(layout: Layout, node: str, *, timeout: float) -> None:
                     f"{node}'s emulated HCA (its device process) is not running; "
                     "restart the cluster (down, up)"
                 )
-            env = sim_kinds.emulated_env(env, sim_kinds.check_emulation_library(), node_dir)
-        daemon_cmd = [str(arg) for arg in pids.get("daemon_cmd") or []]
-        command, marker = _node_command(
-            layout, node, kind, daemon_cmd or shlex.split(default_daemon_cmd())
-        )
+            library = sim_kinds.check_emulation_library()
+        env = _daemon_env(base_env, node_dir, library)  # as up gave it
     except (KindError, NamespaceError) as exc:
         listener.close()
         raise SimToolError(str(exc)) from exc
     _remove_node_files(layout, node, device_too=False)  # what a killed daemon left behind
     proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = _spawn(command, node_dir / "ibacm.out", env)
+        proc = _spawn(command, node_dir / DAEMON_OUTPUT, env)
         pids = _read_pids(layout)  # as fresh as can be: another node may have started
         pids.setdefault("nodes", {})[node] = proc.pid
         pids.setdefault("markers", {})[node] = marker
         _write_pids(layout, pids)
         waiter = _waiter(listener, node, serving=lambda n: _node_serving(layout, kind, n))
         waiter.add(node, proc)
-        await _await_ready(waiter, {node: [node_dir / LOG_FILE, node_dir / "ibacm.out"]}, timeout)
+        await _await_ready(waiter, {node: _daemon_logs(node_dir)}, timeout)
     except BaseException:
         if proc is not None:
             with trio.CancelScope(shield=True):
