@@ -16,7 +16,6 @@ progress are left to it. Trap 64 needs nothing: a GID that comes back is found w
 
 from __future__ import annotations
 
-import ipaddress
 from collections import Counter, deque
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,7 @@ from ibacm.wire.notice import (
     decode_inform_info_reply,
     decode_report,
 )
+from ibacm.wire.path_record import gid_to_text
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpPort
@@ -150,17 +150,18 @@ class SmEvents:
             self._recent.append(report.mad.tid)
             if gid is None:
                 continue
+            text = gid_to_text(gid)
             if notice.trap_num == Trap.GID_OUT_OF_SERVICE:
                 self.counts["gid_out"] += 1
                 dropped = self.gid_out_of_service(gid)
                 self.counts["dropped"] += dropped
                 log.info("GID out of service: its entries dropped", port=self._name,
-                         gid=_text(gid), entries=dropped)  # fmt: skip
-                core.publish("acmp.sm_event", {"trap": 65, "gid": _text(gid), "dropped": dropped})
+                         gid=text, entries=dropped)  # fmt: skip
+                core.publish("acmp.sm_event", {"trap": 65, "gid": text, "dropped": dropped})
             elif notice.trap_num == Trap.GID_IN_SERVICE:
                 self.counts["gid_in"] += 1
-                log.info("GID in service", port=self._name, gid=_text(gid))
-                core.publish("acmp.sm_event", {"trap": 64, "gid": _text(gid), "dropped": 0})
+                log.info("GID in service", port=self._name, gid=text)
+                core.publish("acmp.sm_event", {"trap": 64, "gid": text, "dropped": 0})
 
     def gid_out_of_service(self, gid: bytes) -> int:
         """Drop what leads to ``gid`` in every endpoint of the port; how many entries."""
@@ -170,7 +171,3 @@ class SmEvents:
     def _name(self) -> str:
         core_port = self.port.core_port
         return f"{core_port.device.name}/{core_port.port_num}"
-
-
-def _text(gid: bytes) -> str:
-    return str(ipaddress.IPv6Address(gid))

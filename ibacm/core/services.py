@@ -27,10 +27,7 @@ class DaemonServices(CoreServices):
         return self.tids.next()
 
     async def sa_request(self, port: CorePort, mad: bytes) -> bytes:
-        channel = self.sa_channels.get(port)
-        if channel is None:
-            raise SaSendError(f"port {port.device.name}/{port.port_num} is not up")
-        return await channel.request(
+        return await self._channel(port).request(
             mad,
             timeout_ms=self.options.effective_sa_timeout,
             retries=self.options.effective_sa_retries,

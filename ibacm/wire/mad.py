@@ -463,7 +463,8 @@ def _split_selector(value: int) -> tuple[int, int]:
 # -- request builders ---------------------------------------------------------------------
 
 
-def _sa_request(method: int, attr_id: int, tid: int, comp_mask: int, data: bytes) -> bytes:
+def sa_mad(method: int, attr_id: int, tid: int, comp_mask: int, data: bytes) -> bytes:
+    """An SA MAD: ``method`` of ``attr_id`` carrying ``data`` under ``comp_mask``."""
     mad = MadHeader(method=method, tid=tid, attr_id=attr_id)
     return SaMad(mad=mad, sa=SaHeader(comp_mask=comp_mask), data=data).encode()
 
@@ -471,23 +472,23 @@ def _sa_request(method: int, attr_id: int, tid: int, comp_mask: int, data: bytes
 def build_path_get(tid: int, path: PathRecord, comp_mask: int | None = None) -> bytes:
     """SubnAdmGet(PathRecord), class version 2; the mask defaults to ``path.comp_mask()``."""
     mask = path.comp_mask() if comp_mask is None else comp_mask
-    return _sa_request(Method.GET, SaAttr.PATH_RECORD, tid, mask, path.encode())
+    return sa_mad(Method.GET, SaAttr.PATH_RECORD, tid, mask, path.encode())
 
 
 def build_path_get_table(tid: int, path: PathRecord, comp_mask: int | None = None) -> bytes:
     """SubnAdmGetTable(PathRecord): every path matching the masked components."""
     mask = path.comp_mask() if comp_mask is None else comp_mask
-    return _sa_request(Method.GET_TABLE, SaAttr.PATH_RECORD, tid, mask, path.encode())
+    return sa_mad(Method.GET_TABLE, SaAttr.PATH_RECORD, tid, mask, path.encode())
 
 
 def build_mc_join(tid: int, record: McMemberRecord, comp_mask: int = ACM_JOIN_COMP_MASK) -> bytes:
     """SubnAdmSet(MCMemberRecord): join (or create) a multicast group."""
-    return _sa_request(Method.SET, SaAttr.MC_MEMBER_RECORD, tid, comp_mask, record.encode())
+    return sa_mad(Method.SET, SaAttr.MC_MEMBER_RECORD, tid, comp_mask, record.encode())
 
 
 def build_mc_leave(tid: int, record: McMemberRecord, comp_mask: int = ACM_JOIN_COMP_MASK) -> bytes:
     """SubnAdmDelete(MCMemberRecord): leave a multicast group (C never sends it, #17)."""
-    return _sa_request(Method.DELETE, SaAttr.MC_MEMBER_RECORD, tid, comp_mask, record.encode())
+    return sa_mad(Method.DELETE, SaAttr.MC_MEMBER_RECORD, tid, comp_mask, record.encode())
 
 
 def build_sa_response(

@@ -19,12 +19,12 @@ from ibacm.wire.buffer import Buffer
 from ibacm.wire.errors import FieldRangeError, check_bytes, check_exact_length, check_uint
 from ibacm.wire.mad import (
     SA_DATA_LEN,
-    MadHeader,
     Method,
     MgmtClass,
     SaAttr,
     SaHeader,
     SaMad,
+    sa_mad,
 )
 from ibacm.wire.path_record import GID_LEN, ZERO_GID
 
@@ -234,8 +234,7 @@ class Notice:
 
 def build_inform_info_set(tid: int, info: InformInfo) -> bytes:
     """SubnAdmSet(InformInfo): subscribe (``info.subscribe`` 1) or unsubscribe (0)."""
-    mad = MadHeader(method=Method.SET, tid=tid, attr_id=SaAttr.INFORM_INFO)
-    return SaMad(mad=mad, data=info.encode()).encode()
+    return sa_mad(Method.SET, SaAttr.INFORM_INFO, tid, 0, info.encode())
 
 
 def decode_inform_info_reply(reply: SaMad) -> InformInfo:
@@ -246,8 +245,7 @@ def decode_inform_info_reply(reply: SaMad) -> InformInfo:
 
 def build_report(tid: int, notice: Notice) -> bytes:
     """SubnAdmReport(Notice): what the SA sends a subscriber."""
-    mad = MadHeader(method=Method.REPORT, tid=tid, attr_id=SaAttr.NOTICE)
-    return SaMad(mad=mad, data=notice.encode()).encode()
+    return sa_mad(Method.REPORT, SaAttr.NOTICE, tid, 0, notice.encode())
 
 
 def decode_report(mad: bytes) -> tuple[SaMad, Notice]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from ibacm.wire.mad import (
     MAD_SIZE,
     MC_MEMBER_RECORD_LEN,
     SA_DATA_LEN,
+    MadHeader,
     MadStatus,
     McComp,
     McMemberRecord,
@@ -152,16 +153,6 @@ def _rate_gbps(rate: int) -> float:
         return 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class PendingReport:
-    """A Report sent and not acknowledged yet."""
-
-    subscriber: int
-    """Port GUID of the subscriber."""
-    mad: bytes
-    sent: int = 1
-
-
 class SubnetAdministrator:
     """See the module docstring."""
 
@@ -170,8 +161,8 @@ class SubnetAdministrator:
         self.groups = GroupTable()
         self.subscriptions: dict[tuple[int, bytes], InformInfo] = {}
         """(subscriber port GUID, the InformInfo as compared) -> the subscription."""
-        self.unacked: dict[int, PendingReport] = {}
-        """Reports waiting for their ReportResp, by TID."""
+        self.unacked: dict[int, int] = {}
+        """Reports sent and not acknowledged yet: TID -> the subscriber's port GUID."""
         self._report_tid = 0
         self._mgid_counter = 0
         self.records_sent: Counter[int] = Counter()
@@ -211,7 +202,7 @@ class SubnetAdministrator:
         except WireError:
             return []
         if request.mad.method == Method.REPORT_RESP and request.mad.mgmt_class == 0x03:
-            self._acknowledged(requester, mad)
+            self._acknowledged(requester, request.mad)
             return []
         if request.mad.method & Method.RESP or request.mad.mgmt_class != 0x03:
             return []
@@ -291,12 +282,13 @@ class SubnetAdministrator:
         )
         subject = self.fabric.endpoint_by_guid(guid)
         subject_pkeys = subject.pkeys if subject is not None else ()
-        wanting: dict[int, bool] = {}
-        for (subscriber, _key), info in self.subscriptions.items():
-            if not wanting.get(subscriber):
-                wanting[subscriber] = info.matches(notice) and _covers(info, gid, subject)
+        wanting = {
+            subscriber
+            for (subscriber, _key), info in self.subscriptions.items()
+            if info.matches(notice) and _covers(info, gid, subject)
+        }
         out: list[tuple[int, bytes]] = []
-        for subscriber in sorted(sub for sub, wants in wanting.items() if wants):
+        for subscriber in sorted(wanting):
             port = self.fabric.endpoint_by_guid(subscriber)
             if port is None or subscriber == guid:
                 continue
@@ -304,20 +296,15 @@ class SubnetAdministrator:
                 continue  # OpenSM reports GIDs only to ports of a shared partition
             self._report_tid = (self._report_tid + 1) & 0xFFFFFFFF or 1
             mad = build_report(self._report_tid, notice)
-            self.unacked[self._report_tid] = PendingReport(subscriber, mad)
+            self.unacked[self._report_tid] = subscriber
             out.append((subscriber, mad))
         return out
 
-    def _acknowledged(self, requester: SaEndpoint, mad: bytes) -> None:
-        try:
-            header = SaMad.decode(mad).mad
-        except WireError:
-            return
+    def _acknowledged(self, requester: SaEndpoint, header: MadHeader) -> None:
         if header.attr_id != SaAttr.NOTICE:
             return
         tid = header.tid & 0xFFFFFFFF
-        pending = self.unacked.get(tid)
-        if pending is not None and pending.subscriber == requester.guid:
+        if self.unacked.get(tid) == requester.guid:
             del self.unacked[tid]
 
     def forget_port(self, guid: int) -> None:
@@ -325,7 +312,7 @@ class SubnetAdministrator:
         manager removes them; the port subscribes again when it comes back)."""
         for key in [k for k in self.subscriptions if k[0] == guid]:
             del self.subscriptions[key]
-        for tid in [t for t, p in self.unacked.items() if p.subscriber == guid]:
+        for tid in [t for t, subscriber in self.unacked.items() if subscriber == guid]:
             del self.unacked[tid]
 
     def forget_subscriptions(self) -> None:
