@@ -25,7 +25,7 @@ from ibacm.provider.api import (
     CoreEndpoint,
     CorePort,
     Provider,
-    RouteLookup,
+    RouteTable,
 )
 from ibacm.wire.client import AddrType, pad_address
 from ibacm.wire.path_record import ZERO_GID, PathRecord
@@ -206,32 +206,26 @@ class DeviceList(list[DeviceState]):
     """The core's device list, with an index of its local addresses by key.
 
     Every RESOLVE looks its source address up: a walk of devices, ports, endpoints and slots
-    touches a dozen objects per request (cold ones, in a daemon that idles between requests,
-    or in the storm's one heap of N daemons), the index one dict. Beside it, the provider's
-    route lookup of each address (``Provider.route_lookup``), so a cache hit goes from the
-    key straight to the provider's cache. Both are rebuilt on first use after ``changed()``,
-    which whoever changes the lists (the topology) calls: ports up or down, endpoints added
-    or removed, addresses added or removed.
+    touches a dozen objects per request, the index one dict. Beside it, the providers' route
+    tables by source address (``Provider.route_table``), which the client loop reads from its
+    own thread for every RESOLVE: ``route_tables`` is rebuilt and replaced whole, never
+    changed in place, by ``changed()``, which whoever changes the lists (the topology)
+    calls: ports up or down, endpoints added or removed, addresses added or removed.
     """
 
     def __init__(self, devices: Iterable[DeviceState] = ()) -> None:
         super().__init__(devices)
         self._index: dict[AddressKey, AddressSlot] | None = None
-        self._routes: dict[AddressKey, RouteLookup | None] = {}
+        self.route_tables: dict[AddressKey, RouteTable] = {}
 
     def changed(self) -> None:
-        # Dropped now, not at the next lookup: a closed endpoint's cache goes with it.
+        # Rebuilt now, not at the next lookup: the client loop's thread reads the tables, and
+        # a closed endpoint's table goes with it at once.
         self._index = None
-        self._routes = {}
+        self._built()
 
     def find(self, key: AddressKey) -> AddressSlot | None:
         return self._built().get(key)
-
-    def route(self, key: AddressKey) -> RouteLookup | None:
-        """The route lookup of the source address ``key`` (None: none, or no fast path)."""
-        if self._index is None:
-            self._built()
-        return self._routes.get(key)
 
     def _built(self) -> dict[AddressKey, AddressSlot]:
         index = self._index
@@ -239,8 +233,13 @@ class DeviceList(list[DeviceState]):
             index = {}
             for slot in _walk_slots(self):
                 index.setdefault(slot.key, slot)  # the first in order wins, as in the walk
-            self._routes = {key: _route_lookup(slot) for key, slot in index.items()}
-            self._index = index  # last: both tables are of the same lists
+            tables = {}
+            for key, slot in index.items():
+                table = _route_table(slot)
+                if table is not None:
+                    tables[key] = table
+            self.route_tables = tables
+            self._index = index
         return index
 
 
@@ -256,27 +255,16 @@ def _walk_slots(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:
                         yield slot
 
 
-def _route_lookup(slot: AddressSlot) -> RouteLookup | None:
+def _route_table(slot: AddressSlot) -> RouteTable | None:
     provider = slot.owner.port.provider
     if provider is None:
         return None
     try:
-        return provider.route_lookup(slot.ctx)
+        return provider.route_table(slot.ctx)
     except Exception:
         # A provider's bug costs its requests the fast path (``resolve`` still answers them).
-        log.exception("provider route_lookup failed", address=slot.core.display)
+        log.exception("provider route_table failed", address=slot.core.display)
         return None
-
-
-def route_lookup(devices: Sequence[DeviceState], addr_type: int, info: bytes) -> RouteLookup | None:
-    """The provider's route lookup for the local address (type, info), as ``find_address``
-    finds it; None when there is no such address or its provider has no fast path."""
-    if addr_type not in _LOCAL_TYPES:
-        return None
-    if isinstance(devices, DeviceList):
-        return devices.route(address_key(addr_type, info))
-    slot = find_address(devices, addr_type, info)
-    return None if slot is None else _route_lookup(slot)
 
 
 def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) -> AddressSlot | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from ibacm.wire.path_record import PathRecord
 
 PROVIDER_API_VERSION = 1
-RouteLookup = Callable[[int, bytes], "bytes | None"]
-"""``Provider.cached_route`` bound to one source address (``Provider.route_lookup``)."""
 ENTRY_POINT_GROUP = "ibacm.providers"
 
 
@@ -67,16 +65,79 @@ COUNTER_LABELS: tuple[str, ...] = (
 class Counters:
     """Seven unbounded (reported modulo 2**64) counters; C used 32-bit signed ints."""
 
-    __slots__ = ("values",)
+    __slots__ = ("tallies", "values")
 
     def __init__(self) -> None:
         self.values = [0] * len(Counter)
+        self.tallies: tuple[Counters, ...] = ()
+        """Counts kept by another writer (the client loop's thread counts its cache hits in
+        its own set), added in every snapshot: each counter keeps one writer."""
 
     def increment(self, counter: Counter, amount: int = 1) -> None:
         self.values[counter] += amount
 
+    def add_tally(self, tally: Counters) -> None:
+        self.tallies = (*self.tallies, tally)  # replaced whole: read from another thread
+
+    def remove_tally(self, tally: Counters) -> None:
+        self.tallies = tuple(other for other in self.tallies if other is not tally)
+
     def snapshot(self) -> list[int]:
-        return [value & 0xFFFFFFFFFFFFFFFF for value in self.values]
+        values = list(self.values)
+        for tally in self.tallies:
+            values = [mine + theirs for mine, theirs in zip(values, tally.snapshot(), strict=True)]
+        return [value & 0xFFFFFFFFFFFFFFFF for value in values]
+
+
+class Hit:
+    """One route a cache hit answers with, as a provider publishes it in a ``RouteTable``.
+
+    Made when its entry becomes ready and never changed after, except ``count``: the client
+    loop's thread is its only writer (the provider reads it, for the admin snapshot and its
+    eviction's second chance)."""
+
+    __slots__ = ("count", "expiry", "packed")
+
+    def __init__(self, packed: bytes, expiry: float) -> None:
+        self.packed = packed
+        """The route's 64 PathRecord bytes, as a RESOLVE reply carries them."""
+        self.expiry = expiry
+        """Trio clock: from then on the route is not answered from here (``resolve`` is)."""
+        self.count = 0
+        """Requests the client loop answered with it."""
+
+
+class RouteTable:
+    """An endpoint's routes at hand, shared between the provider and the client loop.
+
+    The client loop answers cache hits in its own thread, with no provider code on the way.
+    What it reads the provider only ever replaces whole, never changes in place: ``routes``,
+    an immutable mapping from the table's key of a destination to its ``Hit``, and ``key``,
+    a pure function from a destination (address type, address bytes) to that key (None:
+    never answered from the table, e.g. a GID that may be the endpoint's own). The client
+    loop's own writes are ``hits`` here and ``Hit.count``, which nobody else writes.
+    """
+
+    __slots__ = ("hits", "key", "routes")
+
+    def __init__(
+        self, key: Callable[[int, bytes], Hashable | None], routes: Mapping[Any, Hit]
+    ) -> None:
+        self.key = key
+        self.routes = routes
+        self.hits = 0
+        """RESOLVEs the client loop answered from this table (the endpoint's RESOLVE and
+        ROUTE_CACHE counters include them)."""
+
+    def find(self, dest_type: int, dest: bytes, now: float) -> Hit | None:
+        """The route to the destination at trio time ``now``, or None. Reads only."""
+        key = self.key(dest_type, dest)
+        if key is None:
+            return None
+        hit = self.routes.get(key)
+        if hit is None or now >= hit.expiry:
+            return None
+        return hit
 
 
 class CoreServices(abc.ABC):
@@ -254,29 +315,13 @@ class Provider(abc.ABC):
         """Address form or path form (entry 0 type PATH). Honour NODELAY on the DEST entry
         (path form: on entry 0): answer ENODATA at once on a miss and keep resolving."""
 
-    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> bytes | None:
-        """Optional fast path for an address-form RESOLVE from the source ``addr_ctx``: the
-        route to (``dest_type``, ``dest``), its 64 PathRecord bytes as the reply carries them,
-        when it is at hand with no waiting (a cache hit),
-        counted as the provider counts a hit; else None, and the core calls ``resolve``.
-        When it returns None it must have counted and changed nothing that ``resolve``
-        would not. A plain method: it runs for every RESOLVE and must not block."""
+    def route_table(self, addr_ctx: object) -> RouteTable | None:
+        """The cache-hit fast path of address-form RESOLVEs from the source ``addr_ctx``: the
+        routes the provider has at hand (see ``RouteTable``), or None when it has none. The
+        core asks once per change of its address list (an address added or removed, a port
+        up or down) and reads the table, from the client loop's thread, for every RESOLVE
+        from that address; a request the table does not answer goes to ``resolve``."""
         return None
-
-    def route_lookup(self, addr_ctx: object) -> RouteLookup | None:
-        """``cached_route`` bound to the source ``addr_ctx``, or None when this provider has
-        no fast path. The core asks once per change of its address list (an address added
-        or removed, a port up or down) and calls the lookup for every RESOLVE from that
-        address: what it answers must be what ``cached_route(addr_ctx, ...)`` answers for as
-        long as the address exists. A provider may return something quicker than the default,
-        which calls ``cached_route``."""
-        if type(self).cached_route is Provider.cached_route:
-            return None
-
-        def lookup(dest_type: int, dest: bytes) -> bytes | None:
-            return self.cached_route(addr_ctx, dest_type, dest)
-
-        return lookup
 
     @abc.abstractmethod
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
