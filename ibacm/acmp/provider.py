@@ -49,7 +49,6 @@ from ibacm.provider.api import (
     Provider,
     ResolveRequest,
     ResolveResult,
-    RouteLookup,
 )
 from ibacm.wire.client import AcmStatus, AddrType, EpFlag
 from ibacm.wire.errors import WireError
@@ -280,14 +279,6 @@ class AcmpProvider(Provider):
             nodelay = bool(dest.flags & EpFlag.NODELAY)
             status, found = await resolver.resolve_address(request.source, dest, nodelay)
         return ResolveResult(_status(status), (found,) if found is not None else ())
-
-    def cached_route(self, addr_ctx: object, dest_type: int, dest: bytes) -> bytes | None:
-        """A cache hit answered without a task or a wait (see ``Resolver.cached``)."""
-        return self.route_lookup(addr_ctx)(dest_type, dest)
-
-    def route_lookup(self, addr_ctx: object) -> RouteLookup:
-        # The endpoint's resolver itself: no call of ours on the way of a cache hit.
-        return _address(addr_ctx).endpoint.resolver.cached
 
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
         endpoint = _address(addr_ctx).endpoint

@@ -44,6 +44,8 @@ MODULES = (
     "ibacm.wire.client",
     "ibacm.wire.acm_mad",
     "ibacm.wire.path_record",
+    "ibacm.core.client_loop",
+    "ibacm.core.hits",
     "ibacm.core.clients",
     "ibacm.core.dispatch",
     "ibacm.acmp.cache",

@@ -40,7 +40,8 @@ from ibacm.config.errors import ConfigError, ConfigIssue, errors_in, invalid_set
 from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
-from ibacm.core.clients import ClientLimits, ClientServer
+from ibacm.core.client_loop import ClientLimits
+from ibacm.core.clients import ClientServer
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.events import EventBus
 from ibacm.core.listeners import ClientListeners, ListenerError, open_client_listeners
@@ -318,7 +319,7 @@ class Daemon:
                     acme_plus_kernel_only=self.options.acme_plus_kernel_only,
                     inherited=self.inherited_stream,
                 )
-                await root.start(self.clients.serve, self.listeners.listeners)
+                await root.start(self.clients.serve, self.listeners.sockets)
                 log.info("serving clients", on=self.listeners.addresses)
                 if self.admin:
                     await self._start_admin(root)

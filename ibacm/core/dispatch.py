@@ -34,7 +34,6 @@ from ibacm.core.model import (
     endpoint_by_index,
     find_address,
     find_path_source,
-    route_lookup,
 )
 from ibacm.core.srcaddr import (
     LocalIp,
@@ -64,12 +63,10 @@ from ibacm.wire.client import (
     decode_ep_request,
     decode_perf_request,
     encode_ep_reply,
-    encode_one_path_reply,
     encode_perf_reply,
     encode_query_sa_reply,
     encode_resolve_reply,
     is_address_type,
-    unpack_resolve_pair,
 )
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
@@ -207,50 +204,12 @@ class Dispatcher:
         raise WireError(f"opcode 0x{frame[1]:02x} is not a request this server handles")
 
     async def handle(self, frame: bytes, client: str) -> bytes:
-        """The reply to one framed request."""
+        """The reply to one framed request (the client loop answered it if it was a cache
+        hit; this is everything else)."""
         reply = self.answer_now(frame)
-        if reply is None:
-            reply = self.resolve_now(frame)
         if reply is not None:
             return reply
         return await self.resolve(frame, client)
-
-    def resolve_now(self, frame: bytes) -> bytes | None:
-        """An admitted RESOLVE answered without waiting, or None (then ``resolve`` answers).
-
-        Only the common case is taken here: address form with its SOURCE given, and the
-        provider has the route at hand (``Provider.route_lookup``, a cache hit). Everything
-        else, errors included, is left to ``resolve`` untouched, so counters and replies are
-        exactly what ``resolve`` gives.
-        """
-        fields = unpack_resolve_pair(frame)
-        if fields is not None:
-            flags0, type0, _, info0, flags1, type1, _, info1 = fields
-            # SOURCE then DEST, nothing else flagged: the plan is known without building it.
-            if flags0 == _SOURCE and flags1 == _DEST and is_address_type(type1):
-                return self._answer_now(frame, type0, info0, type1, info1)
-        try:
-            message = AcmMessage.decode(frame)
-            if message.entries[0].type == AddrType.PATH:
-                return None
-            plan = plan_address_form(message)
-        except (WireError, CoreError, IndexError):
-            return None
-        if plan.src_index is None:
-            return None
-        source, dest = plan.entries[plan.src_index], plan.entries[plan.dst_index]
-        return self._answer_now(frame, source.type, source.info, dest.type, dest.info)
-
-    def _answer_now(
-        self, frame: bytes, src_type: int, src: bytes, dest_type: int, dest: bytes
-    ) -> bytes | None:
-        lookup = route_lookup(self.devices, src_type, src)
-        if lookup is None or self.max_paths < 1:
-            return None
-        packed = lookup(dest_type, dest)
-        if packed is None:
-            return None
-        return encode_one_path_reply(frame, packed)
 
     # -- RESOLVE -------------------------------------------------------------------------------
     async def resolve(self, frame: bytes, client: str) -> bytes:

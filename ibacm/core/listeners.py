@@ -63,7 +63,8 @@ class ServerFiles:
 
 @dataclass
 class ClientListeners:
-    listeners: list[trio.SocketListener]
+    sockets: list[socket.socket]
+    """Listening, non-blocking; from ``ClientServer.serve`` on, its loop owns them."""
     files: ServerFiles
     addresses: list[str]
     """What is being listened on, for logs and tests (paths or host:port)."""
@@ -112,9 +113,10 @@ async def open_unix(paths: RunPaths, *, well_known: bool, backlog: int) -> Clien
     if len(os.fsencode(str(path))) > _UNIX_PATH_MAX:
         raise ListenerError(f"unix socket path {path} is longer than {_UNIX_PATH_MAX} bytes")
     await _refuse_live_socket(path)
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        await sock.bind(str(path))
+        sock.setblocking(False)
+        sock.bind(str(path))
         # Nobody can connect before listen(), so chmod after bind leaves no window.
         os.chmod(path, UNIX_SOCKET_MODE)
         info = os.lstat(path)
@@ -128,17 +130,18 @@ async def open_unix(paths: RunPaths, *, well_known: bool, backlog: int) -> Clien
         _symlink(UNIX_SOCKET_NAME, paths.unix_symlink, files)
     else:
         _unlink(paths.unix_symlink)
-    return ClientListeners([trio.SocketListener(sock)], files, [str(path)])
+    return ClientListeners([sock], files, [str(path)])
 
 
-async def _tcp_socket(family: int, host: str, port: int, backlog: int) -> trio.socket.SocketType:
-    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+def _tcp_socket(family: int, host: str, port: int, backlog: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             # Separate v4 and v6 sockets on the same port.
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        await sock.bind((host, port))
+        sock.bind((host, port))  # numeric hosts only: nothing to look up
         sock.listen(backlog)
     except BaseException:
         sock.close()
@@ -152,14 +155,14 @@ async def open_tcp(
     files = ServerFiles()
     v4_host, v6_host = ("127.0.0.1", "::1") if mode == ServerMode.LOOP else ("0.0.0.0", "::")
     try:
-        v4 = await _tcp_socket(socket.AF_INET, v4_host, port, backlog)
+        v4 = _tcp_socket(socket.AF_INET, v4_host, port, backlog)
     except OSError as exc:
         raise ListenerError(f"cannot listen on {v4_host}:{port}: {exc.strerror}") from exc
     bound = int(v4.getsockname()[1])
     sockets = [v4]
     addresses = [f"{v4_host}:{bound}"]
     try:
-        sockets.append(await _tcp_socket(socket.AF_INET6, v6_host, bound, backlog))
+        sockets.append(_tcp_socket(socket.AF_INET6, v6_host, bound, backlog))
         addresses.append(f"[{v6_host}]:{bound}")
     except OSError as exc:
         if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
@@ -174,8 +177,7 @@ async def open_tcp(
         _unlink(paths.port_symlink)
     _unlink(paths.unix_socket)
     _unlink(paths.unix_symlink)
-    listeners = [trio.SocketListener(sock) for sock in sockets]
-    return ClientListeners(listeners, files, addresses, bound)
+    return ClientListeners(sockets, files, addresses, bound)
 
 
 def _write_port_file(path: Path, port: int, files: ServerFiles) -> None:
@@ -191,12 +193,11 @@ def _write_port_file(path: Path, port: int, files: ServerFiles) -> None:
 def adopt_stream(sock: socket.socket) -> ClientListeners:
     """A listening socket handed over by systemd (its files belong to systemd)."""
     sock.setblocking(False)
-    trio_sock = trio.socket.from_stdlib_socket(sock)
     try:
         where = str(sock.getsockname())
     except OSError:
         where = f"fd {sock.fileno()}"
-    return ClientListeners([trio.SocketListener(trio_sock)], ServerFiles(), [where])
+    return ClientListeners([sock], ServerFiles(), [where])
 
 
 async def open_client_listeners(

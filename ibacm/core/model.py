@@ -52,12 +52,14 @@ class AddressOrigin(enum.Enum):
 AddressKey = tuple[int, bytes]
 
 
-@functools.lru_cache(maxsize=4096)
-def address_key(addr_type: int, info: bytes) -> AddressKey:
+def make_address_key(addr_type: int, info: bytes) -> AddressKey:
     """Key under which two local addresses are the same: type + significant bytes (names
-    compared case-insensitively), as the C core compares them. A pure function, memoised:
-    every RESOLVE looks its source address up by it."""
+    compared case-insensitively), as the C core compares them. A pure function."""
     return match_key(addr_type, pad_address(addr_type, info))
+
+
+address_key = functools.lru_cache(maxsize=4096)(make_address_key)
+"""``make_address_key``, memoised (the trio side's lookups)."""
 
 
 @dataclass(eq=False)
@@ -272,7 +274,7 @@ def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) ->
 
     Only NAME, IP and IP6 can be local addresses; other types never match.
     """
-    if addr_type not in _LOCAL_TYPES:
+    if addr_type not in LOCAL_ADDRESS_TYPES:
         return None
     key = address_key(addr_type, info)
     if isinstance(devices, DeviceList):
@@ -280,7 +282,8 @@ def find_address(devices: Sequence[DeviceState], addr_type: int, info: bytes) ->
     return next((slot for slot in _walk_slots(devices) if slot.key == key), None)
 
 
-_LOCAL_TYPES = frozenset((AddrType.NAME, AddrType.IP, AddrType.IP6))
+LOCAL_ADDRESS_TYPES = frozenset((int(AddrType.NAME), int(AddrType.IP), int(AddrType.IP6)))
+"""The address types a local address may have (others never match one)."""
 
 
 def all_addresses(devices: Sequence[DeviceState]) -> Iterator[AddressSlot]:

@@ -640,9 +640,7 @@ class CaptureControl:
             try:
                 raw = await trio.to_thread.run_sync(_open_capture_file, path)
             except OSError as exc:
-                raise CaptureError(
-                    f"cannot open capture file {path!r}: {reason(exc)}"
-                ) from exc
+                raise CaptureError(f"cannot open capture file {path!r}: {reason(exc)}") from exc
             header = erf.pcap_file_header()
             try:
                 await trio.to_thread.run_sync(_append, raw, header, 0)

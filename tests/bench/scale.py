@@ -378,7 +378,7 @@ async def scale_point(
                 if target == node.name:
                     continue
                 frame = frames.frame(node.name, target)
-                reply = node.dispatcher.answer_now(frame) or node.dispatcher.resolve_now(frame)
+                reply = node.answer_now(frame)
                 if reply is None:
                     reply = await node.dispatcher.resolve(frame, "scale")
                 verdict = _check(reply, dlids[target], dgids[target])

@@ -223,7 +223,7 @@ async def storm_point(
 
         # The clients, driven as the daemon's own poller drives a connection: one request per
         # node per client round trip (CLIENT_RTT), answered at once when the daemon can
-        # (``answer_now`` + ``resolve_now``, a cache hit), else by a task that waits
+        # (``CoreNode.answer_now``, a cache hit), else by a task that waits
         # (``resolve``); a node whose resolution took longer goes on at once with the steps
         # it missed. One loop per tick instead of a task per client: the harness costs
         # little beside the daemons' work.
@@ -232,16 +232,16 @@ async def storm_point(
         waiting = [False] * nodes_count
 
         def advance(index: int, storm: trio.Nursery) -> None:
-            dispatcher = nodes[index].dispatcher
+            node = nodes[index]
             while steps[index] <= released and not waiting[index]:
                 target = (index + steps[index]) % nodes_count
                 frame = sources[index] + dests[target]
                 if daemon_cpu:
                     started = time.process_time()
-                    reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
+                    reply = node.answer_now(frame)
                     spent[0] += time.process_time() - started
                 else:
-                    reply = dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)
+                    reply = node.answer_now(frame)
                 if reply is None:
                     waiting[index] = True
                     storm.start_soon(wait_for, index, target, frame, storm)
@@ -336,11 +336,10 @@ def warm_clients(nodes: list[CoreNode], sources: list[bytes], dests: list[bytes]
     count = len(nodes)
     spent = 0.0
     for index, node in enumerate(nodes):
-        dispatcher = node.dispatcher
         frames = [sources[index] + dests[(index + step) % count] for step in range(1, count)]
         started = time.process_time()
         for frame in frames:
-            if (dispatcher.answer_now(frame) or dispatcher.resolve_now(frame)) is None:
+            if node.answer_now(frame) is None:
                 raise RuntimeError(f"{node.name}: a resolution of the storm is no cache hit")
         spent += time.process_time() - started
     return spent

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.core.clients import FD_RESERVE, ClientLimits, ClientServer, descriptor_budget
+from ibacm.core.client_loop import ClientLimits
+from ibacm.core.clients import FD_RESERVE, ClientServer, descriptor_budget
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.metrics import DaemonMetrics
 from ibacm.provider.api import Counters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -11,10 +12,10 @@ import pytest
 import structlog
 import trio
 
-from ibacm.core.model import EndpointState, find_address, iter_endpoints, route_lookup
+from ibacm.core.model import EndpointState, find_address, iter_endpoints, make_address_key
 from ibacm.fabric.api import PortEvent, PortEventType
 from ibacm.fabric.sim.topology import generate
-from ibacm.provider.api import RouteLookup
+from ibacm.provider.api import Hit, RouteTable
 from ibacm.wire.client import AddrType
 from tests.core.support import Core, make_options, sim_core
 
@@ -276,52 +277,55 @@ async def test_source_lookup_follows_every_change(tmp_path: Path) -> None:
         }
 
 
-class Held:
-    path = bytes(64)
-
-
 @pytest.mark.trio
-async def test_route_lookups_follow_the_index_and_a_failing_one_costs_the_fast_path_only(
+async def test_route_tables_follow_the_index_and_a_failing_one_costs_the_fast_path_only(
     tmp_path: Path,
 ) -> None:
     async with sim_core(tmp_path, addr_lines=["node1 mlx5_0 1 default"]) as core:
         devices = core.topology.devices
         asked: list[object] = []
-        held: dict[int, weakref.ref[Held]] = {}
+        held: dict[int, weakref.ref[RouteTable]] = {}
 
-        def lookup_for(addr_ctx: object) -> RouteLookup:
+        def table_for(addr_ctx: object) -> RouteTable:
             asked.append(addr_ctx)
-            state = Held()  # what a provider's lookup keeps alive (its endpoint, its cache)
-            held[id(addr_ctx)] = weakref.ref(state)
-            return lambda dest_type, dest: state.path
+            table = RouteTable(lambda dest_type, dest: dest, {b"x": Hit(bytes(64), math.inf)})
+            held[id(addr_ctx)] = weakref.ref(table)
+            return table
 
-        core.provider.route_lookup = lookup_for  # type: ignore[method-assign]
+        def tables(addr_type: int, info: bytes) -> RouteTable | None:
+            return devices.route_tables.get(make_address_key(addr_type, info))
+
+        core.provider.route_table = table_for  # type: ignore[method-assign]
+        published = devices.route_tables
         devices.changed()
+        assert devices.route_tables is not published  # replaced whole, never changed in place
         ip = ipaddress.ip_address("10.0.0.1").packed
-        found = route_lookup(devices, AddrType.IP, ip)
+        found = tables(AddrType.IP, ip)
         slot = find_address(devices, AddrType.IP, ip)
-        assert found is not None and slot is not None and found(AddrType.NAME, b"x") == bytes(64)
+        assert found is not None and slot is not None
+        hit = found.find(AddrType.NAME, b"x", 0.0)
+        assert hit is not None and hit.packed == bytes(64)
         assert slot.ctx in asked
-        del found
+        del found, hit
         asked.clear()
         # Asked once per change of the lists, not per request; an unknown source has none.
-        assert route_lookup(devices, AddrType.NAME, b"node1") is not None
-        assert route_lookup(devices, AddrType.NAME, b"nobody") is None
+        assert tables(AddrType.NAME, b"node1") is not None
+        assert tables(AddrType.NAME, b"nobody") is None
         assert asked == []
         removed = held[id(slot.ctx)]
         core.world.remove_address("node1", "10.0.0.1")
         await until(lambda: "10.0.0.1/16" not in displays(core)["mlx5_0/1/0xffff"])
         assert removed() is None  # let go at the change, not at the next request
-        assert route_lookup(devices, AddrType.IP, ip) is None
+        assert tables(AddrType.IP, ip) is None
         assert asked  # the index was rebuilt and asked again
 
-        def broken(addr_ctx: object) -> RouteLookup:
+        def broken(addr_ctx: object) -> RouteTable:
             raise RuntimeError("provider bug")
 
-        core.provider.route_lookup = broken  # type: ignore[method-assign]
-        devices.changed()
+        core.provider.route_table = broken  # type: ignore[method-assign]
         with structlog.testing.capture_logs() as logs:
-            assert route_lookup(devices, AddrType.NAME, b"node1") is None
-        assert any(entry["event"] == "provider route_lookup failed" for entry in logs)
+            devices.changed()
+        assert tables(AddrType.NAME, b"node1") is None
+        assert any(entry["event"] == "provider route_table failed" for entry in logs)
         # The address itself is still found: its requests take the provider's resolve.
         assert find_address(devices, AddrType.NAME, b"node1") is not None

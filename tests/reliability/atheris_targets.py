@@ -220,15 +220,13 @@ def _check_reply(request_head: bytes, reply: bytes) -> None:
 
 
 def make_dispatcher_target() -> Target:
-    """The daemon's answer to a client stream, as ``Connection`` gives it, from a real
-    ``Dispatcher`` on a node whose ports are not up yet (no provider, no I/O)."""
+    """The daemon's answer to a client stream, as the client loop and ``ClientServer`` give
+    it, from a real ``Dispatcher`` on a node whose ports are not up yet (no provider, no I/O)."""
     dispatcher = Dispatcher([], Counters(), _no_route)
 
     def answer(frame: bytes) -> None:
         try:
             reply = dispatcher.answer_now(frame)
-            if reply is None:
-                reply = dispatcher.resolve_now(frame)
             if reply is None:
                 reply = _run_sync(dispatcher.resolve(frame, CLIENT))
         except WireError:

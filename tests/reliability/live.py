@@ -21,6 +21,7 @@ from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ProviderLine, ServerMode
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
+from ibacm.core.hits import HitPath
 from ibacm.core.model import iter_endpoints
 from ibacm.core.services import DaemonServices
 from ibacm.core.topology import AddressFile
@@ -216,6 +217,17 @@ class CoreNode:
     topology: CoreTopology
     dispatcher: Dispatcher
     scope: trio.CancelScope
+    hits: HitPath = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The daemon's cache-hit path (its client loop's), counted with the global counters.
+        self.hits = HitPath(self.dispatcher.devices, self.dispatcher.max_paths)
+        self.dispatcher.counters.add_tally(self.hits.tally)
+
+    def answer_now(self, frame: bytes) -> bytes | None:
+        """What the daemon answers without waiting: a cache hit, a PERF or EP query (None:
+        ``dispatcher.resolve`` answers, the RESOLVE counted)."""
+        return self.hits.answer(frame, trio.current_time()) or self.dispatcher.answer_now(frame)
 
     def endpoints(self) -> list[AcmpEndpoint]:
         return [

@@ -1,6 +1,6 @@
-"""The cache-hit fast path (``Dispatcher.resolve_now`` / ``Provider.route_lookup`` and the
-connection writing ready replies at once) is invisible to clients: the same bytes, the same
-counters, and replies still in request order when hits and misses are pipelined."""
+"""The cache-hit fast path (the client loop answering from ``Provider.route_table`` in its own
+thread) is invisible to clients: the same bytes, the same counters, and replies still in
+request order when hits and misses are pipelined."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from ibacm.acmp.provider import AcmpProvider
-from ibacm.provider.api import RouteLookup
+from ibacm.provider.api import RouteTable
 from ibacm.wire.client import (
     AcmHdr,
     AcmMessage,
@@ -42,26 +42,21 @@ SEQUENCE = [
 async def run_sequence(tmp_path: Path, *, fast: bool) -> tuple[list[bytes], list[list[int]], int]:
     """Replies to SEQUENCE (three times over), the global + endpoint counters after, and how
     many requests the fast path answered."""
-    hits = 0
+    tables: list[RouteTable] = []
     async with live_cluster(tmp_path, 3) as cluster:
         node = cluster["node1"]
         provider = node.daemon.providers.get("ibacmp")
         assert isinstance(provider, AcmpProvider)
-        real = provider.route_lookup
+        real = provider.route_table
 
-        def counted_lookup(addr_ctx: object) -> RouteLookup:
-            lookup = real(addr_ctx)
+        def table_or_none(addr_ctx: object) -> RouteTable | None:
+            table = real(addr_ctx) if fast else None
+            if table is not None and table not in tables:
+                tables.append(table)
+            return table
 
-            def counted(dest_type: int, dest: bytes) -> bytes | None:
-                nonlocal hits
-                path = lookup(dest_type, dest) if fast else None
-                hits += path is not None
-                return path
-
-            return counted
-
-        provider.route_lookup = counted_lookup  # type: ignore[method-assign]
-        node.daemon.topology.devices.changed()  # the lookups are asked for again
+        provider.route_table = table_or_none  # type: ignore[method-assign]
+        node.daemon.topology.devices.changed()  # the tables are asked for again
         client = await Client.connect(node.socket_path)
         replies = []
         for _ in range(3):
@@ -72,7 +67,7 @@ async def run_sequence(tmp_path: Path, *, fast: bool) -> tuple[list[bytes], list
             for index in (0, 1)
         ]
         await client.aclose()
-    return replies, counters, hits
+    return replies, counters, sum(table.hits for table in tables)
 
 
 @pytest.mark.trio

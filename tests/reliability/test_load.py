@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.core.clients import MAX_PENDING_REPLIES
+from ibacm.core.client_loop import MAX_PENDING_REPLIES
 from tests.reliability.errors import logged_errors
 from tests.reliability.live import Client, live_cluster, resolve_frame, soak
 

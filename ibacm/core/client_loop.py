@@ -1,0 +1,632 @@
+"""The client loop: every client socket in one epoll set, served by one thread.
+
+A connection is a socket in this set from accept to close: accepted in the loop's own round,
+read once per round, its requests framed (``ClientFramer``), a cache hit answered in the
+round that read it (``HitPath``), the round's replies written at its end, one write per
+connection. No trio stream, task or nursery per connection: a one-shot client (``ib_acme``)
+costs an accept, a read, a write and a close, as in C.
+
+A request that must wait (a miss, a PERF_QUERY, anything but a hit) is handed to the trio
+side (``ClientServer``) in a batch per round; its reply comes back through the inbox and is
+written in request order: a reply never overtakes an earlier request's (``_Slot``).
+
+The loop runs in a thread started by ``trio.to_thread.run_sync`` and owned by the
+``ClientServer``'s task, which stops it through the wake-up eventfd; it never outlives that
+task. What the two sides share follows the project's thread rules: the loop reads only what
+the trio side replaces whole (route tables, limits), each counter has one writer (the
+loop's: ``ClientStats``, the hit tally), and hand-offs go through channels: requests to trio
+through ``TrioToken.run_sync_soon`` (a list per round, never touched again here), replies
+and commands to the loop through a deque and the eventfd. The loop does not log: what is
+worth a line goes to trio with the requests (``Note``), and trio's logging applies its rate
+limits.
+
+Limits (``ClientLimits``): connections in total and per peer uid (SO_PEERCRED, root bounded
+by the total only); a connection over a bound is closed at once, so the backlog never fills
+for anybody else. A client may pipeline: with ``max_pending`` replies owed its socket is not
+read (the kernel holds its further requests back) until half of them went out. Only a client
+that stops reading is dropped: when its unwritten replies pass ``MAX_UNSENT_BYTES``, or a
+reply stays unwritten ``stall_timeout`` seconds. The trio side's sweep asks the loop for the
+request and idle timeouts (its clock is trio's: tests run it on a mock clock).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import enum
+import errno
+import os
+import select
+import socket
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ibacm.core.hits import HitPath
+from ibacm.wire.client import HDR_LEN, MSG_MAX, ClientFramer, FramingError, FramingFault
+
+MAX_PENDING_REPLIES = 256
+"""Replies one connection may owe before its requests are not read for a while."""
+STALL_TIMEOUT = 10.0
+"""Seconds one reply may wait for the client's socket to drain before the client is dropped."""
+MAX_UNSENT_BYTES = 4 << 20
+"""Bytes of ready but unwritten replies one connection may hold before it is dropped."""
+RECEIVE_SIZE = 4 * MSG_MAX
+ACCEPTS_PER_ROUND = 32
+"""Connections one listener may bring per round: a flood of connections waits its turn in
+the backlog, every connected client is read in between."""
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_IN = select.EPOLLIN
+_OUT = select.EPOLLOUT
+_GONE = select.EPOLLHUP | select.EPOLLERR
+_DONTWAIT = socket.MSG_DONTWAIT
+_RESETS = (BrokenPipeError, ConnectionResetError)
+_TRANSIENT_ACCEPT_ERRORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """How many clients may connect, and how long a connection may stay without a request
+    (option names in the comments; 0 = no limit, except ``max_clients``)."""
+
+    max_clients: int = 16384  # max_clients
+    max_per_user: int = 1024  # max_clients_per_user
+    request_timeout: float = 10.0  # client_request_timeout
+    idle_timeout: float = 0.0  # client_idle_timeout
+
+
+@dataclass
+class ClientStats:
+    """What the loop accepted, refused and closed (the loop's thread is the one writer of
+    every field; the admin snapshot and the metrics read them)."""
+
+    accepted: int = 0
+    refused_total: int = 0
+    """Connections refused: ``max_clients`` (or the open-file limit) reached."""
+    refused_user: int = 0
+    """Connections refused: the peer's user had ``max_clients_per_user`` connections."""
+    malformed: int = 0
+    """Connections closed for a request that cannot be framed (client-protocol §8)."""
+    request_timeouts: int = 0
+    """Connections closed: a request stayed half-sent ``client_request_timeout`` seconds."""
+    idle_timeouts: int = 0
+    """Connections closed: no request for ``client_idle_timeout`` seconds."""
+    dropped: int = 0
+    """Connections dropped for not reading their replies."""
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)  # not vars(): a compiled instance has no __dict__
+
+
+class NoteKind(enum.Enum):
+    """What the loop tells the trio side besides requests (trio logs them)."""
+
+    MALFORMED = "malformed"
+    TIMED_OUT = "timed out"
+    DROPPED = "dropped"
+    FAILED = "failed"
+    ACCEPT_FAILED = "accept failed"
+    IDLE = "idle"
+    """Draining, and the last connection is gone."""
+
+
+@dataclass(frozen=True)
+class Note:
+    kind: NoteKind
+    client: str
+    detail: str
+
+
+class Connection:
+    """One client as the loop keeps it (only the loop's thread touches its fields; the trio
+    side holds it as an opaque handle and reads ``name`` and ``uid``, fixed at accept)."""
+
+    __slots__ = (
+        "closed",
+        "events",
+        "fd",
+        "framer",
+        "name",
+        "owed",
+        "paused",
+        "quiet_since",
+        "reading",
+        "requests",
+        "sock",
+        "stalled_since",
+        "swept_requests",
+        "uid",
+        "unsent",
+    )
+
+    def __init__(self, sock: socket.socket, name: str, uid: int | None, now: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.name = name
+        self.uid = uid
+        self.framer = ClientFramer()
+        self.owed: collections.deque[Slot] = collections.deque()
+        """Replies not written yet, in request order (ready or still with trio)."""
+        self.unsent = b""
+        """Bytes of replies due now that the socket did not take yet."""
+        self.events = _IN
+        """The epoll mask registered for the socket."""
+        self.reading = True
+        self.paused = False
+        """Not read for now: ``max_pending`` replies are owed (flow control)."""
+        self.closed = False
+        self.requests = 0
+        self.swept_requests = 0
+        self.quiet_since = now
+        self.stalled_since = 0.0
+        """When the socket last refused bytes owed to it (0: it takes what it is given)."""
+
+    def timed_out(self, now: float, limits: ClientLimits) -> str | None:
+        """Which timeout (if any) this connection has passed: progress is a new request or a
+        reply still owed (then the stall bound applies); a quiet connection is half-sent when
+        bytes of a request wait in the framer, else idle."""
+        if self.requests != self.swept_requests or self.owed or self.unsent:
+            self.swept_requests = self.requests
+            self.quiet_since = now
+            return None
+        quiet = now - self.quiet_since
+        if self.framer.buffered:
+            if limits.request_timeout and quiet >= limits.request_timeout:
+                return "request"
+        elif limits.idle_timeout and quiet >= limits.idle_timeout:
+            return "idle"
+        return None
+
+
+class Slot:
+    """A request's place in its connection's reply order (written by the loop only)."""
+
+    __slots__ = ("data", "ready")
+
+    def __init__(self, data: bytes | None = None, ready: bool = False) -> None:
+        self.data = data
+        """The reply; None when ready means "close the connection here"."""
+        self.ready = ready
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A request that must wait, handed to the trio side: its reply goes into ``slot``."""
+
+    connection: Connection
+    slot: Slot
+    frame: bytes
+    undersized: bool = False
+    """``frame`` is the header of a RESOLVE whose length field is below 16 (client-protocol
+    §8): answered EINVAL; the connection closes after it."""
+
+
+Handoff = Callable[[list[Request], list[Note]], None]
+"""The trio side's intake, called in the trio thread (through ``run_sync_soon``) with a
+round's requests that must wait and its notes."""
+
+
+class ClientLoop:
+    """The epoll loop (see the module docstring). ``run`` is the thread's body; every other
+    public method is for the trio side and only queues a command and wakes the loop."""
+
+    def __init__(
+        self,
+        listeners: Sequence[socket.socket],
+        hits: HitPath,
+        clock: Callable[[], float],
+        post: Callable[[Callable[[], None]], None],
+        handoff: Handoff,
+        *,
+        limits: ClientLimits,
+        capacity: int,
+        max_pending: int = MAX_PENDING_REPLIES,
+        stall_timeout: float = STALL_TIMEOUT,
+    ) -> None:
+        self.hits = hits
+        self.stats = ClientStats()
+        self.limits = limits
+        """Replaced whole by the trio side (a reload); read at each accept."""
+        self.capacity = capacity
+        """``max_clients``, or fewer when the open-file limit leaves room for fewer."""
+        self.active = 0
+        """Connections open now (written by the loop, read by the trio side)."""
+        self._clock = clock
+        self._post = post
+        self._handoff = handoff
+        self._max_pending = max_pending
+        self._stall_timeout = stall_timeout
+        self._listeners = {sock.fileno(): sock for sock in listeners}
+        self._epoll = select.epoll()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._inbox: collections.deque[tuple[Connection, Slot, bytes | None] | Callable[[], None]]
+        self._inbox = collections.deque()
+        self._conns: dict[int, Connection] = {}
+        self._per_user: dict[int, int] = {}
+        self._numbers = 0
+        self._batch: list[Request] = []
+        self._notes: list[Note] = []
+        self._dirty: list[Connection] = []
+        self._stopping = False
+        self._draining = False
+
+    # -- the trio side's commands (any thread) -----------------------------------------------
+
+    def reply(self, connection: Connection, slot: Slot, data: bytes | None) -> None:
+        """The reply to a handed-off request (None: close the connection there)."""
+        self._inbox.append((connection, slot, data))
+        self._wake()
+
+    def sweep(self, now: float) -> None:
+        """Close the connections past the request or idle timeout, or stalled."""
+        self._command(lambda: self._sweep(now))
+
+    def drain(self) -> None:
+        """Graceful stop: accept no more, read no more; connections close once their owed
+        replies are written (a ``NoteKind.IDLE`` note when the last one is gone)."""
+        self._command(self._drain)
+
+    def stop(self) -> None:
+        """End ``run`` now (every connection is closed)."""
+        self._stopping = True
+        self._wake()
+
+    def _command(self, command: Callable[[], None]) -> None:
+        self._inbox.append(command)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_fd < 0:
+            return  # closed: the loop has ended
+        with contextlib.suppress(BlockingIOError):  # the counter is full: woken anyway
+            os.eventfd_write(self._wake_fd, 1)
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        epoll = self._epoll
+        try:
+            epoll.register(self._wake_fd, _IN)
+            for fd in self._listeners:
+                epoll.register(fd, _IN)
+            while not self._stopping:
+                events = epoll.poll()
+                now = self._clock()
+                for fd, mask in events:
+                    conn = self._conns.get(fd)
+                    if conn is not None:
+                        self._serve(conn, mask, now)
+                    elif fd == self._wake_fd:
+                        self._take_inbox()
+                    elif fd in self._listeners:
+                        self._accept(self._listeners[fd], now)
+                self._end_round(now)
+        finally:
+            for conn in list(self._conns.values()):
+                self._close(conn)
+            for sock in self._listeners.values():
+                sock.close()
+            self._listeners.clear()
+            epoll.close()
+
+    def close(self) -> None:
+        """Release the wake-up fd (the trio side, once ``run`` returned and no reply can
+        come any more: closing it in the thread could let a late reply write to a reused
+        descriptor number)."""
+        if self._wake_fd >= 0:
+            os.close(self._wake_fd)
+            self._wake_fd = -1
+
+    def _end_round(self, now: float) -> None:
+        dirty = self._dirty
+        if dirty:
+            self._dirty = []
+            for conn in dirty:
+                if not conn.closed:
+                    self._flush(conn, now)
+        if self._batch or self._notes:
+            batch, notes = self._batch, self._notes
+            self._batch, self._notes = [], []
+            handoff = self._handoff
+            try:
+                self._post(lambda: handoff(batch, notes))
+            except Exception:  # trio has ended (RunFinishedError): nobody will answer
+                for request in batch:
+                    self._close(request.connection)
+
+    def _take_inbox(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._wake_fd)
+        inbox = self._inbox
+        while inbox:
+            item = inbox.popleft()
+            if isinstance(item, tuple):
+                conn, slot, data = item
+                if not conn.closed:
+                    slot.data = data
+                    slot.ready = True
+                    self._advance(conn)
+            else:
+                item()
+
+    # -- accepting -----------------------------------------------------------------------
+
+    def _accept(self, listener: socket.socket, now: float) -> None:
+        for _ in range(ACCEPTS_PER_ROUND):
+            try:
+                sock, address = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
+                    self._note(NoteKind.ACCEPT_FAILED, "listener", f"{exc.strerror}; stopped")
+                    self._epoll.unregister(listener.fileno())
+                    return
+                # Out of descriptors: the pending client waits in the backlog; the next
+                # round tries again (level-triggered).
+                self._note(NoteKind.ACCEPT_FAILED, "listener", str(exc.strerror))
+                return
+            uid = _peer_uid(sock)
+            if not self._admit(uid):
+                sock.close()  # the client sees EOF at once; nothing else is spent
+                continue
+            self._open(sock, address, uid, now)
+
+    def _admit(self, uid: int | None) -> bool:
+        """Whether a new connection from ``uid`` fits the limits; counted either way."""
+        limits = self.limits
+        if self.active >= self.capacity:
+            self.stats.refused_total += 1
+            return False
+        if uid and limits.max_per_user and self._per_user.get(uid, 0) >= limits.max_per_user:
+            self.stats.refused_user += 1
+            return False
+        return True
+
+    def _open(self, sock: socket.socket, address: object, uid: int | None, now: float) -> None:
+        self._numbers += 1
+        conn = Connection(sock, _peer_name(sock, address, self._numbers), uid, now)
+        try:
+            self._epoll.register(conn.fd, _IN)
+        except OSError as exc:  # e.g. fs.epoll.max_user_watches reached
+            self._note(NoteKind.FAILED, conn.name, f"cannot watch the client: {exc.strerror}")
+            sock.close()
+            return
+        self._conns[conn.fd] = conn
+        self.active += 1
+        self.stats.accepted += 1
+        if uid:
+            self._per_user[uid] = self._per_user.get(uid, 0) + 1
+        # A one-shot client (ib_acme) sent its request right after connecting: read it in
+        # this round rather than the next.
+        self._serve(conn, _IN, now)
+
+    # -- serving -------------------------------------------------------------------------
+
+    def _serve(self, conn: Connection, mask: int, now: float) -> None:
+        try:
+            if mask & _OUT:
+                self._write(conn, now)
+            if mask & _IN and conn.reading and not conn.paused:
+                self._read(conn, now)
+            elif mask & _GONE and not conn.closed:
+                self._close(conn)  # gone while not read (paused or draining)
+        except Exception as exc:
+            # A bug costs this one client its connection; everybody else goes on.
+            self._note(NoteKind.FAILED, conn.name, f"{type(exc).__name__}: {exc}")
+            self._close(conn)
+
+    def _read(self, conn: Connection, now: float) -> None:
+        """Read once (a client that never pauses gets its turn like everybody else) and
+        take every whole request in what came."""
+        try:
+            data = conn.sock.recv(RECEIVE_SIZE, _DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._stop_reading(conn)
+            return
+        conn.framer.feed(data)
+        self._take(conn, now)
+
+    def _take(self, conn: Connection, now: float) -> None:
+        framer = conn.framer
+        try:
+            while not conn.paused and (frame := framer.next_frame()) is not None:
+                conn.requests += 1
+                self._request(conn, frame, now)
+        except FramingError as exc:
+            self.stats.malformed += 1
+            self._note(NoteKind.MALFORMED, conn.name, exc.reason)
+            if exc.fault is FramingFault.BAD_LENGTH:
+                # The framer still holds the offending message: its header answers §8's case.
+                self._hand(conn, framer.head(HDR_LEN), undersized=True)
+            self._queue(conn, Slot(None, True))
+            self._stop_reading(conn)
+
+    def _request(self, conn: Connection, frame: bytes, now: float) -> None:
+        answer = self.hits.answer(frame, now)
+        if answer is None:
+            self._hand(conn, frame)
+        elif conn.owed:
+            self._queue(conn, Slot(answer, True))
+        else:
+            if not conn.unsent:
+                self._dirty.append(conn)
+            conn.unsent += answer
+            self._check_unsent(conn)
+
+    def _hand(self, conn: Connection, frame: bytes, *, undersized: bool = False) -> None:
+        slot = Slot()
+        self._queue(conn, slot)
+        self._batch.append(Request(conn, slot, frame, undersized))
+
+    def _queue(self, conn: Connection, slot: Slot) -> None:
+        conn.owed.append(slot)
+        if slot.ready:
+            self._advance(conn)
+        if len(conn.owed) >= self._max_pending and not conn.paused and not conn.closed:
+            conn.paused = True  # read no further until the replies caught up (_advance)
+            self._set_events(conn)
+
+    def _advance(self, conn: Connection) -> None:
+        """Move the replies that are due (ready, nothing unready before them) to the bytes
+        to write at the end of the round; close where a reply says so."""
+        owed = conn.owed
+        moved = False
+        while owed and owed[0].ready:
+            data = owed.popleft().data
+            if data is None:
+                owed.clear()
+                conn.reading = False
+                break
+            conn.unsent += data
+            moved = True
+        if moved or not conn.reading:
+            self._dirty.append(conn)
+        self._check_unsent(conn)
+        if conn.paused and len(owed) <= self._max_pending // 2 and conn.reading:
+            conn.paused = False
+            self._set_events(conn)
+            self._take(conn, self._clock())  # requests already read and framed come first
+
+    def _check_unsent(self, conn: Connection) -> None:
+        if len(conn.unsent) > MAX_UNSENT_BYTES:
+            self._drop(conn, "its unwritten replies pass the byte bound")
+
+    def _flush(self, conn: Connection, now: float) -> None:
+        """Write what is due (one write: ib_acme reads a reply with one recv); what the
+        socket does not take waits for EPOLLOUT. A connection that reads no more closes
+        once nothing is owed."""
+        if conn.unsent:
+            self._write(conn, now)
+            if conn.closed:
+                return
+        if not conn.reading and not conn.owed and not conn.unsent:
+            self._close(conn)
+
+    def _write(self, conn: Connection, now: float) -> None:
+        data = conn.unsent
+        if not data:
+            return
+        try:
+            written = conn.sock.send(data, _DONTWAIT)
+        except BlockingIOError:
+            written = 0
+        except OSError:
+            self._close(conn)  # the client went away before its reply
+            return
+        if written == len(data):
+            conn.unsent = b""
+            conn.stalled_since = 0.0
+            if conn.events & _OUT:
+                self._set_events(conn)
+            if not conn.reading and not conn.owed:
+                self._close(conn)
+            return
+        conn.unsent = data[written:]
+        if written or not conn.stalled_since:
+            conn.stalled_since = now
+        if not conn.events & _OUT:
+            self._set_events(conn)
+
+    def _set_events(self, conn: Connection) -> None:
+        events = (_IN if conn.reading and not conn.paused else 0) | (_OUT if conn.unsent else 0)
+        if events != conn.events and not conn.closed:
+            conn.events = events
+            self._epoll.modify(conn.fd, events)
+
+    def _stop_reading(self, conn: Connection) -> None:
+        """EOF, or a request that ends the connection: owed replies still go out first."""
+        conn.reading = False
+        if not conn.owed and not conn.unsent:
+            self._close(conn)
+        else:
+            self._set_events(conn)
+
+    def _drop(self, conn: Connection, why: str) -> None:
+        self.stats.dropped += 1
+        self._note(
+            NoteKind.DROPPED,
+            conn.name,
+            f"it does not read its replies: {why} ({len(conn.owed)} owed, "
+            f"{len(conn.unsent)} bytes unwritten)",
+        )
+        self._close(conn)
+
+    def _close(self, conn: Connection) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        conn.owed.clear()
+        conn.unsent = b""
+        del self._conns[conn.fd]
+        conn.sock.close()  # epoll forgets a closed socket by itself
+        self.active -= 1
+        uid = conn.uid
+        if uid:
+            left = self._per_user[uid] - 1
+            if left:
+                self._per_user[uid] = left
+            else:
+                del self._per_user[uid]
+        if self._draining and not self._conns:
+            self._note(NoteKind.IDLE, "", "")
+
+    def _note(self, kind: NoteKind, client: str, detail: str) -> None:
+        self._notes.append(Note(kind, client, detail))
+
+    # -- commands --------------------------------------------------------------------------
+
+    def _sweep(self, now: float) -> None:
+        limits = self.limits
+        for conn in list(self._conns.values()):
+            stalled = conn.stalled_since
+            if conn.unsent and stalled and now - stalled >= self._stall_timeout:
+                self._drop(conn, f"its socket did not drain for {self._stall_timeout:g} s")
+                continue
+            which = conn.timed_out(now, limits)
+            if which is None:
+                continue
+            if which == "request":
+                self.stats.request_timeouts += 1
+                why = f"a request stayed half-sent {limits.request_timeout:g} s"
+            else:
+                self.stats.idle_timeouts += 1
+                why = f"no request for {limits.idle_timeout:g} s"
+            self._note(NoteKind.TIMED_OUT, conn.name, why)
+            self._close(conn)
+
+    def _drain(self) -> None:
+        self._draining = True
+        for fd, sock in self._listeners.items():
+            self._epoll.unregister(fd)
+            sock.close()
+        self._listeners.clear()
+        for conn in list(self._conns.values()):
+            self._stop_reading(conn)
+        if not self._conns:
+            self._note(NoteKind.IDLE, "", "")
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    """The uid of a unix-socket peer (SO_PEERCRED); None for TCP or when unknown."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except OSError:
+        return None
+    return int(_PEERCRED.unpack(raw)[1])
+
+
+def _peer_name(sock: socket.socket, address: object, number: int) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{number}"
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"tcp:{address[0]}:{address[1]}"
+    return f"tcp:{number}"
