@@ -43,9 +43,11 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import immutables
 import trio
 
 from ibacm.acmp.routes import address_query
+from ibacm.provider.api import Hit, RouteTable
 
 if TYPE_CHECKING:
     from ibacm.fabric.api import AddressVector
@@ -211,12 +213,13 @@ class DestEntry:
     # per hit when N daemons' entries do not fit in the CPU's caches), then what learning a
     # peer writes.
     __slots__ = (  # noqa: RUF023
-        "state",
+        "_state",
+        "hit",
         "loopback",
         "op",
         "addr_expiry",
         "route_expiry",
-        "used",
+        "seen",
         "hits",
         "_path",
         "group_route",
@@ -239,7 +242,11 @@ class DestEntry:
 
     def __init__(self, key: CacheKey) -> None:
         self.key = key
-        self.state = EntryState.INIT
+        self._state = EntryState.INIT
+        """Written by ``DestCache`` only (see ``state``)."""
+        self.hit: Hit | None = None
+        """What the cache's ``RouteTable`` answers for this entry while it is READY (its
+        packed route, made once when it became READY), else None."""
         self._path: PathRecord | None = None
         self.group_route: AimablePath | None = None
         """route_prot acm: the record (packed once) of the group the route comes from. The
@@ -273,28 +280,37 @@ class DestEntry:
         self.loopback = False
         self.preloaded = False
         self.hits = 0
-        """Requests answered straight from this entry."""
+        """Requests answered straight from this entry on the trio side, plus the counts of
+        the Hits it had before its current one (``total_hits``)."""
         self.ready_at = math.nan
         """When the entry last became READY (trio clock)."""
         self.scheduled = math.inf
         """The deadline of this entry's pending wake-up in the cache's expiry heap."""
-        self.used = False
-        """Looked up since the cache's bound last passed over it (its second chance)."""
+        self.seen = 0
+        """The Hit's count when the cache's bound last passed over the entry, or USED: looked
+        up on the trio side since then. Either way of use gives it a second chance."""
+
+    @property
+    def state(self) -> EntryState:
+        """behavior.md §9.3. Changed only through ``DestCache`` (``set_state``, ``make_ready``,
+        ``address_resolved``, ``forget``...), which keeps the route table in step."""
+        return self._state
+
+    @property
+    def total_hits(self) -> int:
+        """Requests answered from this entry, by the trio side and by the client loop."""
+        hit = self.hit
+        return self.hits + (hit.count if hit is not None else 0)
 
     @property
     def path(self) -> PathRecord | None:
-        """The route (valid in READY)."""
+        """The route (valid in READY; set through ``DestCache.make_ready``)."""
         path = self._path
         if path is None:
             group = self.group_route
             if group is not None:
                 return group.aimed_at(self.route_gid(), self.peer_lid)
         return path
-
-    @path.setter
-    def path(self, path: PathRecord | None) -> None:
-        self._path = path
-        self.group_route = None
 
     def packed_path(self) -> bytes | None:
         """``path``'s 64 bytes; a group route's without building the record (cache hits)."""
@@ -345,10 +361,11 @@ class DestEntry:
         if self.wake is not None:
             self.wake.complete(status, reason)
 
-    def forget(self) -> None:
-        """Back to INIT: drop everything learned (address expiry, failures)."""
-        self.state = EntryState.INIT
-        self.path = None
+    def _reset(self) -> None:
+        """Back to INIT: drop everything learned (``DestCache.forget``)."""
+        self._state = EntryState.INIT
+        self._path = None
+        self.group_route = None
         self.query = None
         self.learned_from = None
         self.peer_gid = NO_GID
@@ -371,7 +388,7 @@ class DestEntry:
             "type": TYPE_NAMES.get(self.addr_type, str(self.addr_type)),
             "state": self.state.name,
             "age": None if math.isnan(age) else round(age, 3),
-            "hits": self.hits,
+            "hits": self.total_hits,
             "dlid": path.dlid if path is not None else None,
             "sl": path.sl if path is not None else None,
             "mtu": path.mtu if path is not None else None,
@@ -395,8 +412,35 @@ Listener = Callable[[DestEntry, bool], None]
 """Told about changes the cache makes by itself: (entry, removed)."""
 
 
+USED = -1
+"""``DestEntry.seen`` of an entry looked up on the trio side since the bound's last pass."""
+
+_NO_ROUTES: immutables.Map[CacheKey, Hit] = immutables.Map()
+
+
+def table_key(dest_type: int, dest: bytes) -> CacheKey | None:
+    """``RouteTable.key`` of an endpoint: the cache key of a destination, or None for a GID
+    or LID (it may be our own port's, which ``resolve`` answers) and for what cannot be a
+    key (``resolve`` says why). Pure: the client loop's thread calls it."""
+    if dest_type in (GID, LID):
+        return None
+    try:
+        return cache_key(dest_type, dest)
+    except CacheKeyError:
+        return None
+
+
 class DestCache:
-    """The entries of one endpoint (see the module docstring)."""
+    """The entries of one endpoint (see the module docstring) and its route table.
+
+    The destination entry's state machine lives here: every change of an entry's state,
+    route or lifetimes goes through a method of the cache (``DestEntry.state`` and ``path``
+    are read-only), and each keeps ``table.routes`` equal to what ``Resolver.resolve_address``
+    answers at once: the READY entries of the cache, each as the ``Hit`` made when it became
+    READY, while the endpoint serves (``set_serving``), else nothing. ``routes`` is replaced
+    whole on every change, never changed in place: the client loop reads it from its own
+    thread.
+    """
 
     def __init__(self, max_entries: int = 0, listener: Listener | None = None) -> None:
         self.max_entries = max_entries
@@ -417,6 +461,16 @@ class DestCache:
         self.expired = 0
         self._last_addr_deadline: tuple[float, float, float] = (math.nan, math.nan, math.nan)
         """(now, lifetime, deadline) of the last ``set_addr_timeout``."""
+        self.serving = False
+        """The endpoint answers resolutions (READY): only then does the table hold routes."""
+        self._routes = _NO_ROUTES
+        """What ``table.routes`` is (typed here; the table's is any mapping)."""
+        self._batch: immutables.MapMutation[CacheKey, Hit] | None = None
+        """Changes of a batch (``batch``), published together when it ends."""
+        self._batch_depth = 0
+        self.table = RouteTable(table_key, _NO_ROUTES)
+        """Kept for the cache's lifetime, which is the endpoint's and beyond (a reopened
+        endpoint gets its cache back)."""
 
     def __len__(self) -> int:
         return len(self._entries) + len(self._loopback)
@@ -436,7 +490,7 @@ class DestCache:
         entry = self._entries.get(key)
         if entry is None:
             return self._loopback.get(key)
-        entry.used = True
+        entry.seen = USED
         return entry
 
     def acquire(self, key: CacheKey) -> DestEntry:
@@ -448,12 +502,19 @@ class DestCache:
             self._enforce_bound(keep=key)
         return entry
 
-    def put_loopback(self, entry: DestEntry) -> None:
+    def put_loopback(self, entry: DestEntry, path: PathRecord, now: float) -> None:
+        """``entry`` (not in the cache yet) READY with ``path`` for good: one of our own
+        addresses (behavior.md §9.4)."""
         entry.loopback = True
         learned = self._entries.pop(entry.key, None)
         if learned is not None:
             self._unschedule((learned,))
+            self._drop_hits((learned,))
         self._loopback[entry.key] = entry
+        entry._path, entry.group_route = path, None
+        entry._state = EntryState.READY
+        entry.ready_at = now
+        self._publish(entry, path.encode())
 
     def remove(self, key: CacheKey) -> DestEntry | None:
         entry = self._loopback.pop(key, None)
@@ -462,6 +523,7 @@ class DestCache:
             if entry is not None:
                 self._unschedule((entry,))
         if entry is not None:
+            self._drop_hits((entry,))
             self._tell(entry, True)
         return entry
 
@@ -471,6 +533,7 @@ class DestCache:
         for entry in idle:
             del self._entries[entry.key]
         self._unschedule(idle)
+        self._drop_hits(idle)
         for entry in idle:
             self._tell(entry, True)
         return len(idle)
@@ -484,12 +547,168 @@ class DestCache:
         if self.listener is not None:
             self.listener(entry, removed)
 
+    # -- the entry state machine ----------------------------------------------------------
+
+    def set_state(self, entry: DestEntry, state: EntryState) -> None:
+        """Any state but READY (``make_ready``); the route, if any, is kept for the record
+        (a READY entry sent back to ADDR_RESOLVED re-queries it on its next use)."""
+        if state is EntryState.READY:
+            raise ValueError("an entry becomes READY through make_ready, with its route")
+        entry._state = state
+        if entry.hit is not None:
+            self._drop_hits((entry,))
+
+    def make_ready(
+        self,
+        entry: DestEntry,
+        now: float,
+        addr_lifetime: float,
+        route_lifetime: float,
+        path: PathRecord | None = None,
+        group_route: AimablePath | None = None,
+    ) -> None:
+        """READY with ``path``, or (route_prot acm) with the group record ``group_route``
+        aimed at the peer when asked for (``DestEntry.path``); its lifetimes start at
+        ``now``. The route is packed here, once, for the route table."""
+        entry._path = path
+        entry.group_route = group_route
+        entry._state = EntryState.READY
+        entry.ready_at = now
+        packed = entry.packed_path()
+        self._set_timeouts(entry, now, addr_lifetime, route_lifetime)
+        if packed is None:  # pragma: no cover - a READY entry always has a route
+            raise ValueError("a READY entry needs a route")
+        self._publish(entry, packed)
+
+    def address_resolved(self, entry: DestEntry) -> None:
+        """The peer's address is (re)learned: ADDR_RESOLVED, without a route."""
+        entry._path = None
+        entry.group_route = None
+        self.set_state(entry, EntryState.ADDR_RESOLVED)
+
+    def forget(self, entry: DestEntry) -> None:
+        """Back to INIT: drop everything learned (address expiry, failures)."""
+        entry._reset()
+        if entry.hit is not None:
+            self._drop_hits((entry,))
+
+    def check_lifetimes(self, entry: DestEntry, now: float) -> None:
+        """Expiry on use (behavior.md §9.3): address gone -> INIT, route gone -> ADDR_RESOLVED.
+        The route table's Hit expires at the same instants (``RouteTable.find``)."""
+        if entry.loopback or entry.op is not None:
+            return
+        state = entry._state
+        if state is EntryState.READY or state is EntryState.ADDR_RESOLVED:
+            if now >= entry.addr_expiry:
+                self.forget(entry)
+            elif state is EntryState.READY and now >= entry.route_expiry:
+                self.set_state(entry, EntryState.ADDR_RESOLVED)
+
+    def set_serving(self, serving: bool) -> None:
+        """The endpoint became ready (the table answers its READY entries) or stopped being
+        so (the table answers nothing: ``resolve`` says ENODATA)."""
+        if serving == self.serving:
+            return
+        self.serving = serving
+        if not serving:
+            self._routes = _NO_ROUTES
+        else:
+            mutation = _NO_ROUTES.mutate()
+            for entry in self:
+                if entry.hit is not None:
+                    mutation[entry.key] = entry.hit
+            self._routes = mutation.finish()
+        if self._batch is not None:
+            self._batch = self._routes.mutate()  # a batch open meanwhile goes on from here
+        self.table.routes = self._routes
+
+    def batch(self) -> RouteBatch:
+        """``with cache.batch():`` the route changes of many entries (a flush, an SM
+        change) are made in one mutation of the map and published once, at the end."""
+        return RouteBatch(self)
+
+    def _begin(self) -> None:
+        if self._batch_depth == 0:
+            self._batch = self._routes.mutate()
+        self._batch_depth += 1
+
+    def _end(self) -> None:
+        self._batch_depth -= 1
+        if self._batch_depth == 0 and self._batch is not None:
+            batch, self._batch = self._batch, None
+            if self.serving:
+                self._routes = batch.finish()
+                self.table.routes = self._routes
+
+    def _publish(self, entry: DestEntry, packed: bytes | None = None) -> None:
+        """(Re)make the Hit of a READY entry: with ``packed`` (a new route), else the
+        current Hit's bytes with the entry's current lifetimes."""
+        old = entry.hit
+        if packed is None:
+            if old is None:  # pragma: no cover - callers publish READY entries only
+                return
+            packed = old.packed
+        expiry = math.inf if entry.loopback else min(entry.addr_expiry, entry.route_expiry)
+        if old is not None:
+            if old.packed is packed and old.expiry == expiry:
+                return
+            self._fold(entry, old)
+        hit = entry.hit = Hit(packed, expiry)
+        if not self.serving:
+            return
+        batch = self._batch
+        if batch is not None:
+            batch[entry.key] = hit
+        else:
+            self._routes = self._routes.set(entry.key, hit)
+            self.table.routes = self._routes
+
+    def _drop_hits(self, entries: Iterable[DestEntry]) -> None:
+        """Take the Hits of entries that left READY or the cache out of the table."""
+        mutation = self._batch
+        own = mutation is None and self.serving
+        for entry in entries:
+            hit = entry.hit
+            if hit is None:
+                continue
+            entry.hit = None
+            self._fold(entry, hit)
+            if not self.serving:
+                continue
+            if mutation is None:
+                mutation = self._routes.mutate()
+            if mutation.get(entry.key) is hit:  # not a newer entry's under the same key
+                del mutation[entry.key]
+        if own and mutation is not None:
+            self._routes = mutation.finish()
+            self.table.routes = self._routes
+
+    @staticmethod
+    def _fold(entry: DestEntry, hit: Hit) -> None:
+        """A Hit leaves: its count joins the entry's own. The client loop may still count a
+        request or two on it while it goes (racing increments of a Hit no longer in the map
+        are lost: admin figures only). A count grown since the bound's last pass counts as
+        a use."""
+        count = hit.count
+        entry.hits += count
+        if entry.seen != count:
+            entry.seen = USED
+        else:
+            entry.seen = 0
+
     # -- timeouts -------------------------------------------------------------------------
 
     def set_timeouts(
         self, entry: DestEntry, now: float, addr_lifetime: float, route_lifetime: float
     ) -> None:
         """Start the address and route lifetimes of ``entry`` at ``now``."""
+        self._set_timeouts(entry, now, addr_lifetime, route_lifetime)
+        if entry.hit is not None:
+            self._publish(entry)
+
+    def _set_timeouts(
+        self, entry: DestEntry, now: float, addr_lifetime: float, route_lifetime: float
+    ) -> None:
         addr_expiry = _deadline(now, addr_lifetime)
         if addr_expiry != entry.addr_expiry:
             # Equal when the address was learned just now: keep the float already scheduled.
@@ -513,6 +732,8 @@ class DestCache:
             self._last_addr_deadline = (now, addr_lifetime, deadline)
         entry.addr_expiry = deadline
         self._schedule(entry, deadline)
+        if entry.hit is not None:
+            self._publish(entry)
 
     def _schedule(self, entry: DestEntry, deadline: float) -> None:
         # One pending wake-up per entry: a later deadline waits for the earlier wake-up,
@@ -574,6 +795,12 @@ class DestCache:
         back to ADDR_RESOLVED. Entries with a resolution in progress are left to it.
         """
         changed = 0
+        with self.batch():
+            changed = self._expire(now)
+        return changed
+
+    def _expire(self, now: float) -> int:
+        changed = 0
         while self._seconds and self._seconds[0] <= now:
             second = heapq.heappop(self._seconds)
             self._second_of.pop(second, None)
@@ -595,12 +822,13 @@ class DestCache:
             del self._entries[entry.key]
             # Its own list is being emptied by ``expire``; a later deadline's may hold it.
             self._unschedule((entry,))
+            self._drop_hits((entry,))
             self.expired += 1
             self._tell(entry, True)
             return 1
         changed = 0
         if entry.route_expiry <= now and entry.state == EntryState.READY:
-            entry.state = EntryState.ADDR_RESOLVED
+            self.set_state(entry, EntryState.ADDR_RESOLVED)
             changed = 1
             self._tell(entry, False)
         later = [d for d in (entry.addr_expiry, entry.route_expiry) if d > now]
@@ -618,16 +846,20 @@ class DestCache:
         # Down to 1/64 below the bound at once: a pass starts at the oldest end, behind the
         # holes the young-end moves leave in a dict, so it is paid once per batch.
         excess = len(entries) - (limit - limit // BOUND_SLACK)
-        # Used entries lose their flag and go to the young end, busy ones and the new one
-        # just go there: the second pass finds entries to drop unless all are busy.
+        # Used entries (looked up here, or their Hit counted by the client loop since the
+        # last pass) are marked seen and go to the young end, busy ones and the new one just
+        # go there: the second pass finds entries to drop unless all are busy.
         evicted: list[DestEntry] = []
         for _ in range(2):
             for key in list(entries):
                 if excess <= 0:
                     break
                 entry = entries.pop(key)
-                if entry.used or entry.busy or key == keep:
-                    entry.used = False
+                hit = entry.hit
+                count = hit.count if hit is not None else 0
+                used = entry.seen != count
+                if used or entry.busy or key == keep:
+                    entry.seen = count
                     entries[key] = entry
                     continue
                 excess -= 1
@@ -636,5 +868,21 @@ class DestCache:
                 break
         self.evicted += len(evicted)
         self._unschedule(evicted)
+        self._drop_hits(evicted)
         for entry in evicted:
             self._tell(entry, True)
+
+
+class RouteBatch:
+    """See ``DestCache.batch``."""
+
+    __slots__ = ("cache",)
+
+    def __init__(self, cache: DestCache) -> None:
+        self.cache = cache
+
+    def __enter__(self) -> None:
+        self.cache._begin()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cache._end()

@@ -6,37 +6,41 @@ Counters are unbounded Python ints reported modulo 2**64 (C used 32-bit signed i
 
 from __future__ import annotations
 
-from ibacm.provider.api import Counter, Counters
+from ibacm.provider.api import Counter, Counters, RouteTable
 
 _RESOLVE = int(Counter.RESOLVE)
 _ROUTE_CACHE = int(Counter.ROUTE_CACHE)
+_MASK = 0xFFFFFFFFFFFFFFFF
 
 
 class EndpointCounters:
-    """An endpoint's counters plus a link to the global ones."""
+    """An endpoint's counters plus a link to the global ones, and to its route table: the
+    cache hits the client loop answers from the table count on the endpoint as RESOLVE and
+    ROUTE_CACHE (the table's ``hits``, which the client loop alone writes; the global
+    counters of those hits are the client loop's own tally)."""
 
-    __slots__ = ("global_counters", "local")
+    __slots__ = ("global_counters", "local", "table")
 
-    def __init__(self, global_counters: Counters) -> None:
+    def __init__(self, global_counters: Counters, table: RouteTable | None = None) -> None:
         self.global_counters = global_counters
         self.local = Counters()
+        self.table = table
 
     def both(self, counter: Counter) -> None:
         """Count an event that the spec counts globally and on the endpoint."""
         self.local.increment(counter)
         self.global_counters.increment(counter)
 
-    def cache_hit(self) -> None:
-        """A RESOLVE answered from the cache: RESOLVE on the endpoint (the core counts its
-        own), ROUTE_CACHE on both. One call: it runs for every cache hit."""
-        local = self.local.values
-        local[_RESOLVE] += 1
-        local[_ROUTE_CACHE] += 1
-        self.global_counters.values[_ROUTE_CACHE] += 1
-
     def endpoint_only(self, counter: Counter) -> None:
         """Count an event that only the endpoint set sees (the core counts the reply)."""
         self.local.increment(counter)
 
     def snapshot(self) -> list[int]:
-        return self.local.snapshot()
+        """The endpoint's PERF_QUERY: its own counts plus the route table's hits."""
+        values = self.local.snapshot()
+        table = self.table
+        if table is not None:
+            hits = table.hits
+            values[_RESOLVE] = (values[_RESOLVE] + hits) & _MASK
+            values[_ROUTE_CACHE] = (values[_ROUTE_CACHE] + hits) & _MASK
+        return values

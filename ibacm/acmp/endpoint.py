@@ -401,7 +401,7 @@ class AcmpEndpoint:
                 entry.op.finish(DOWN_STATUS, "the endpoint closed")
                 entry.op = None
                 if entry.state in (EntryState.QUERY_ADDR, EntryState.QUERY_ROUTE):
-                    entry.forget()
+                    self.cache.forget(entry)
             entry.reply_tid = None
         for pending in self.outstanding.values():
             pending.complete(DOWN_STATUS, "the endpoint closed")
@@ -529,6 +529,8 @@ class AcmpEndpoint:
     def set_state(self, state: EndpointState) -> None:
         self.state = state
         self.ready = state is EndpointState.READY
+        # The route table answers only while we do (``resolve_address`` checks ``ready``).
+        self.cache.set_serving(self.ready)
         self.core.publish("endpoint", {"id": self.name, "state": state.value})
 
     def publish_entry(self, entry: DestEntry, removed: bool = False) -> None:
@@ -565,7 +567,7 @@ class AcmpEndpoint:
         acmp_address = AcmpAddress(self, address, key)
         self.addresses[key] = acmp_address
         if self.loopback_local:
-            self.cache.put_loopback(self._loopback_entry(key))
+            self._put_loopback(key)
         return acmp_address
 
     @property
@@ -577,16 +579,14 @@ class AcmpEndpoint:
         port = self.port
         return loopback_path(port.gid, port.lid, self.pkey, port.mtu, port.rate)
 
-    def _loopback_entry(self, key: CacheKey) -> DestEntry:
+    def _put_loopback(self, key: CacheKey) -> None:
         port = self.port
         entry = DestEntry(key)
-        entry.state = EntryState.READY
-        entry.path = self.loopback_route()
-        entry.av = av_from_path(entry.path, 0, port.lid_mask)
-        entry.ready_at = trio.current_time()
+        path = self.loopback_route()
+        entry.av = av_from_path(path, 0, port.lid_mask)
         entry.remote_qpn = self.qpn
         entry.peer_lid = port.lid
-        return entry
+        self.cache.put_loopback(entry, path, trio.current_time())
 
     def remove_address(self, address: AcmpAddress) -> None:
         self.addresses.pop(address.key, None)
@@ -716,15 +716,17 @@ class AcmpEndpoint:
         self.bulk_by_gid, self.bulk_by_lid = {}, {}
         self._bulk_refresh.set()
         count = 0
-        for entry in self.cache.learned():
-            # Entries without a query came from the route file: keep them.
-            if (
-                entry.state is EntryState.READY
-                and entry.route_dest() is not None
-                and not entry.busy
-            ):
-                entry.state = EntryState.ADDR_RESOLVED
-                count += 1
+        cache = self.cache
+        with cache.batch():
+            for entry in cache.learned():
+                # Entries without a query came from the route file: keep them.
+                if (
+                    entry.state is EntryState.READY
+                    and entry.route_dest() is not None
+                    and not entry.busy
+                ):
+                    cache.set_state(entry, EntryState.ADDR_RESOLVED)
+                    count += 1
         return count
 
     def forget_gid(self, gid: bytes) -> int:
@@ -736,19 +738,22 @@ class AcmpEndpoint:
         if path is not None:
             self.bulk_by_lid.pop(path.dlid, None)
         count = 0
-        for entry in self.cache.learned():
-            if entry.busy:
-                continue
-            route = entry.path if entry.state is EntryState.READY else None
-            if entry.route_gid() != gid and (route is None or route.dgid != gid):
-                continue
-            if entry.query is not None:
-                if entry.state is not EntryState.READY:
+        cache = self.cache
+        with cache.batch():
+            for entry in cache.learned():
+                if entry.busy:
                     continue
-                entry.state = EntryState.ADDR_RESOLVED  # the next use asks the SA again
-            else:
-                self.cache.remove(entry.key)
-            count += 1
+                route = entry.path if entry.state is EntryState.READY else None
+                if entry.route_gid() != gid and (route is None or route.dgid != gid):
+                    continue
+                if entry.query is not None:
+                    if entry.state is not EntryState.READY:
+                        continue
+                    # The next use asks the SA again.
+                    cache.set_state(entry, EntryState.ADDR_RESOLVED)
+                else:
+                    cache.remove(entry.key)
+                count += 1
         return count
 
     # -- observability --------------------------------------------------------------------

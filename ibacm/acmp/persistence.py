@@ -19,6 +19,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ import trio
 
 from ibacm.acmp.cache import (
     ADDRESS_LEN,
+    CacheKey,
     CacheKeyError,
     DestCache,
     DestEntry,
@@ -41,6 +43,7 @@ from ibacm.wire.path_record import PathRecord
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpPort
+    from ibacm.fabric.api import AddressVector
 
 log = get_logger("ibacm.acmp")
 
@@ -112,17 +115,40 @@ def restore(
         if existing is not None and (existing.loopback or existing.state is not EntryState.INIT):
             continue  # something fresher is known already
         target = cache.acquire(entry.key)
-        for name in ("path", "av", "mgid", "remote_qpn", "peer_lid", "query", "state"):
-            setattr(target, name, getattr(entry, name))
-        target.ready_at = now
-        cache.set_timeouts(target, now, entry.addr_expiry - now, entry.route_expiry - now)
+        target.av = entry.av
+        target.mgid = entry.mgid
+        target.remote_qpn = entry.remote_qpn
+        target.peer_lid = entry.peer_lid
+        target.query = entry.query
+        lifetimes = (entry.addr_expiry - now, entry.route_expiry - now)
+        if entry.route_expiry > now:
+            cache.make_ready(target, now, *lifetimes, entry.path)
+        else:
+            target.ready_at = now
+            cache.address_resolved(target)  # the next use asks the SA for the route
+            cache.set_timeouts(target, now, *lifetimes)
         restored += 1
     return restored
 
 
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """A saved entry as read back, before the cache takes it (``restore``)."""
+
+    key: CacheKey
+    path: PathRecord
+    av: AddressVector
+    mgid: bytes
+    remote_qpn: int
+    peer_lid: int
+    query: PathRecord
+    addr_expiry: float
+    route_expiry: float
+
+
 def _entry_from(
     record: Mapping[str, Any], port: AcmpPort, now: float, wall_now: float
-) -> DestEntry | None:
+) -> _Saved | None:
     address = bytes.fromhex(record["address"])
     if len(address) > ADDRESS_LEN:
         raise ValueError("address longer than 64 bytes")
@@ -140,17 +166,17 @@ def _entry_from(
         return None
     if path.sgid != port.gid or not port.owns_lid(path.slid):
         return None  # the path starts somewhere else now: our port changed
-    entry = DestEntry(key)
-    entry.path = path
-    entry.av = av_from_path(path, port.sgid_index(path.sgid), port.lid_mask)
-    entry.mgid = mgid
-    entry.remote_qpn = int(record.get("remote_qpn", 0)) & 0xFFFFFF
-    entry.peer_lid = int(record.get("peer_lid", path.dlid)) & 0xFFFF
-    entry.query = address_query(path.sgid, path.dgid, path.tclass, path.pkey)
-    entry.addr_expiry = addr_expiry
-    entry.route_expiry = route_expiry
-    entry.state = EntryState.READY if route_expiry > now else EntryState.ADDR_RESOLVED
-    return entry
+    return _Saved(
+        key=key,
+        path=path,
+        av=av_from_path(path, port.sgid_index(path.sgid), port.lid_mask),
+        mgid=mgid,
+        remote_qpn=int(record.get("remote_qpn", 0)) & 0xFFFFFF,
+        peer_lid=int(record.get("peer_lid", path.dlid)) & 0xFFFF,
+        query=address_query(path.sgid, path.dgid, path.tclass, path.pkey),
+        addr_expiry=addr_expiry,
+        route_expiry=route_expiry,
+    )
 
 
 class CacheStore:

@@ -93,23 +93,22 @@ def preload_routes(endpoint: AcmpEndpoint, dump: RouteDump) -> int:
         path.rate_byte = route.rate
         path.packetlifetime_byte = 0 if route.dlid == port.lid else port.attrs.subnet_timeout
         own = route.dlid == port.lid
+        cache = endpoint.cache
         for key in (lid_key(route.dlid), gid_key(dgid)):
-            entry = endpoint.cache.acquire(key)
+            entry = cache.acquire(key)
             if entry.op is not None:
                 continue  # being resolved right now; the resolution decides
-            entry.forget()
-            entry.path = path
+            cache.forget(entry)
             entry.av = av_from_path(path, port.sgid_index(own_gid), port.lid_mask)
             entry.peer_lid = route.dlid
-            entry.state = EntryState.READY
-            entry.ready_at = now
             entry.preloaded = True
             options = endpoint.options
-            endpoint.cache.set_timeouts(
+            cache.make_ready(
                 entry,
                 now,
                 FOREVER if own else options.addr_lifetime,
                 FOREVER if own else options.route_lifetime,
+                path,
             )
         count += 1
     return count
@@ -127,21 +126,21 @@ def preload_hosts(endpoint: AcmpEndpoint, hosts: Iterable[HostEntry]) -> int:
         except CacheKeyError as exc:
             log.info("address preload: line skipped", line=host.line, reason=str(exc))
             continue
-        entry = endpoint.cache.acquire(key)
+        cache = endpoint.cache
+        entry = cache.acquire(key)
         if entry.loopback or entry.op is not None:
             continue
-        entry.forget()
+        cache.forget(entry)
         entry.query = PathRecord(dgid=host.gid, slid=port.lid, reversible=True, pkey=endpoint.pkey)
         entry.preloaded = True
-        routed = endpoint.cache.get(gid_key(host.gid))
+        routed = cache.get(gid_key(host.gid))
+        lifetimes = (options.addr_lifetime, options.route_lifetime)
         if routed is not None and routed.state is EntryState.READY and routed.path is not None:
-            entry.path = routed.path
             entry.av = endpoint.peer_av(routed)
             entry.peer_lid = routed.peer_lid
-            entry.state = EntryState.READY
-            entry.ready_at = now
+            cache.make_ready(entry, now, *lifetimes, routed.path)
         else:
-            entry.state = EntryState.ADDR_RESOLVED
-        endpoint.cache.set_timeouts(entry, now, options.addr_lifetime, options.route_lifetime)
+            cache.set_state(entry, EntryState.ADDR_RESOLVED)
+            cache.set_timeouts(entry, now, *lifetimes)
         count += 1
     return count

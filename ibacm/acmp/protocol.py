@@ -140,7 +140,7 @@ class PeerProtocol:
         ]
         for other in stale:
             if other.busy:
-                other.forget()  # its resolution in progress starts again from INIT
+                ep.cache.forget(other)  # its resolution in progress starts again from INIT
             else:
                 ep.cache.remove(other.key)
         ep.stats.peer_moves += 1
@@ -198,9 +198,8 @@ class PeerProtocol:
         entry.peer_gid = received.sgid
         entry.remote_qpn = received.src_qp
         entry.peer_lid = received.slid
-        entry.path = None
         entry.preloaded = False
-        entry.state = EntryState.ADDR_RESOLVED
+        ep.cache.address_resolved(entry)
         ep.cache.set_addr_timeout(entry, now, ep.addr_lifetime)
         entry.poke()
 

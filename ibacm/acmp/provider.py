@@ -49,6 +49,7 @@ from ibacm.provider.api import (
     Provider,
     ResolveRequest,
     ResolveResult,
+    RouteTable,
 )
 from ibacm.wire.client import AcmStatus, AddrType, EpFlag
 from ibacm.wire.errors import WireError
@@ -209,9 +210,10 @@ class AcmpProvider(Provider):
     def _retain(self, identity: EndpointIdentity, port: AcmpPort) -> _Retained:
         retained = self._retained.get(identity)
         if retained is None:
+            cache = DestCache(self.core.options.cache_max_entries)
             retained = _Retained(
-                DestCache(self.core.options.cache_max_entries),
-                EndpointCounters(self.core.counters),
+                cache,
+                EndpointCounters(self.core.counters, cache.table),
                 port.gid,
                 port.lid,
                 identity[2],
@@ -223,11 +225,13 @@ class AcmpProvider(Provider):
             dropped = retained.cache.clear_learned()
             log.info("port GID changed: cache dropped", entries=dropped)
         elif retained.lid != port.lid:
-            for entry in retained.cache.learned():
-                if entry.preloaded:
-                    retained.cache.remove(entry.key)
-                elif entry.state is EntryState.READY:
-                    entry.state = EntryState.ADDR_RESOLVED
+            cache = retained.cache
+            with cache.batch():
+                for entry in cache.learned():
+                    if entry.preloaded:
+                        cache.remove(entry.key)
+                    elif entry.state is EntryState.READY:
+                        cache.set_state(entry, EntryState.ADDR_RESOLVED)
             log.info("port LID changed: routes dropped", old=retained.lid, new=port.lid)
         retained.gid, retained.lid = port.gid, port.lid
         return retained
@@ -279,6 +283,12 @@ class AcmpProvider(Provider):
             nodelay = bool(dest.flags & EpFlag.NODELAY)
             status, found = await resolver.resolve_address(request.source, dest, nodelay)
         return ResolveResult(_status(status), (found,) if found is not None else ())
+
+    def route_table(self, addr_ctx: object) -> RouteTable:
+        """The endpoint's route table (``DestCache.table``): its READY entries while it is
+        ready, kept in step by the cache's state machine; the same object for the
+        endpoint's lifetime (and its reopenings: the cache is retained)."""
+        return _address(addr_ctx).endpoint.cache.table
 
     async def query(self, addr_ctx: object, path: PathRecord) -> tuple[int, PathRecord | None]:
         endpoint = _address(addr_ctx).endpoint

@@ -50,15 +50,13 @@ from ibacm.fabric.api import MULTICAST_QPN, FabricError
 from ibacm.log import get_logger
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
-from ibacm.wire.client import AcmStatus, AddrType, EpAddr
+from ibacm.wire.client import AcmStatus, EpAddr
 from ibacm.wire.path_record import AimablePath, PathRecord
 
 if TYPE_CHECKING:
     from ibacm.acmp.endpoint import AcmpEndpoint
 
 log = get_logger("ibacm.acmp")
-_GID = int(AddrType.GID)
-_LID = int(AddrType.LID)
 
 WAIT_GRACE = 1.0
 """Seconds a parked request allows beyond the phase budgets before it gives up by itself
@@ -122,9 +120,10 @@ class Resolver:
             counters.both(Counter.ROUTE_CACHE)
             return AcmStatus.SUCCESS, ep.loopback_route()
         entry = ep.cache.acquire(key)
-        self._check_lifetimes(entry)
+        ep.cache.check_lifetimes(entry, trio.current_time())
         if entry.state is EntryState.READY:
-            # The hot path: no log line here (a filtered debug call costs more than the hit).
+            # No log line here (a filtered debug call costs more than the hit). The client
+            # loop answers most hits from the route table before they come here.
             counters.both(Counter.ROUTE_CACHE)
             entry.hits += 1
             return AcmStatus.SUCCESS, entry.path
@@ -137,33 +136,6 @@ class Resolver:
                     return AcmStatus.SUCCESS, entry.path
             op = self._start(entry, source)
         return await self._park(entry, op, nodelay)
-
-    def cached(self, dest_type: int, dest: bytes) -> bytes | None:
-        """The route to (``dest_type``, ``dest``), packed, when the cache has it READY now
-        (no waiting, no counting unless found): what ``resolve_address`` would answer at once.
-        A GID or LID is never answered here: it may be our own port's, which the provider's
-        ``resolve`` answers."""
-        ep = self.ep
-        if not ep.ready or dest_type in (_GID, _LID):
-            return None
-        try:
-            key = cache_key(dest_type, dest)
-        except CacheKeyError:
-            return None
-        entry = ep.cache.get(key)
-        if entry is None or entry.state is not EntryState.READY:
-            return None
-        # ``_check_lifetimes`` inlined up to its common outcome (nothing expired): every
-        # cache hit runs this, and the call measurably slowed the cached RESOLVE.
-        if not entry.loopback and entry.op is None:
-            now = trio.current_time()
-            if now >= entry.addr_expiry or now >= entry.route_expiry:
-                self._check_lifetimes(entry)
-                if entry.state is not EntryState.READY:
-                    return None
-        ep.counters.cache_hit()
-        entry.hits += 1
-        return entry.packed_path()
 
     async def resolve_path(
         self, request: PathRecord, nodelay: bool
@@ -178,7 +150,7 @@ class Resolver:
         counters.endpoint_only(Counter.RESOLVE)
         key = _path_key(request)
         entry = ep.cache.acquire(key)
-        self._check_lifetimes(entry)
+        ep.cache.check_lifetimes(entry, trio.current_time())
         log.debug("resolve path", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
@@ -189,7 +161,7 @@ class Resolver:
             if entry.state is EntryState.INIT or entry.route_dest() is None:
                 port = ep.port
                 entry.query = path_query(request, ep.pkey, port.lid, port.gid)
-                entry.state = EntryState.ADDR_RESOLVED
+                ep.cache.set_state(entry, EntryState.ADDR_RESOLVED)
             op = self._start(entry, None)
         return await self._park(entry, op, nodelay)
 
@@ -217,18 +189,6 @@ class Resolver:
         counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)
         return status, None
 
-    def _check_lifetimes(self, entry: DestEntry) -> None:
-        """Expiry on use (behavior.md §9.3): address gone -> INIT, route gone -> ADDR_RESOLVED."""
-        if entry.loopback or entry.op is not None:
-            return
-        now = trio.current_time()
-        if entry.state in (EntryState.READY, EntryState.ADDR_RESOLVED) and (
-            now >= entry.addr_expiry
-        ):
-            entry.forget()
-        elif entry.state is EntryState.READY and now >= entry.route_expiry:
-            entry.state = EntryState.ADDR_RESOLVED
-
     # -- operations -----------------------------------------------------------------------
 
     def start_route(self, entry: DestEntry) -> Operation:
@@ -238,13 +198,14 @@ class Resolver:
     def _start(self, entry: DestEntry, source: EpAddr | None) -> Operation:
         op = Operation()
         entry.op = op
+        cache = self.ep.cache
         if entry.state is EntryState.INIT:
-            entry.state = EntryState.QUERY_ADDR
+            cache.set_state(entry, EntryState.QUERY_ADDR)
         if entry.state is EntryState.QUERY_ADDR:
             # From now on a peer's request or response can complete the address phase.
             entry.wake = PendingQuery(entry)
         elif entry.state is EntryState.ADDR_RESOLVED:
-            entry.state = EntryState.QUERY_ROUTE
+            cache.set_state(entry, EntryState.QUERY_ROUTE)
         if not self.ep.spawn(self._drive, entry, op, source):
             self._end(entry, op, AcmStatus.ENODATA, CLOSED)
         return op
@@ -269,7 +230,7 @@ class Resolver:
             if status != AcmStatus.ETIMEDOUT:
                 self.ep.protocol.send_response(entry, tid, status)
         if not ready and entry.state is not EntryState.READY:
-            entry.forget()
+            self.ep.cache.forget(entry)
             self.ep.publish_entry(entry)
         entry.wake = None
         if entry.op is op:
@@ -302,7 +263,7 @@ class Resolver:
     async def _address_phase(self, entry: DestEntry, source: EpAddr) -> Outcome:
         ep = self.ep
         if entry.state is EntryState.INIT:
-            entry.state = EntryState.QUERY_ADDR
+            ep.cache.set_state(entry, EntryState.QUERY_ADDR)
         pending = entry.wake
         if pending is None:
             pending = entry.wake = PendingQuery(entry)
@@ -384,7 +345,7 @@ class Resolver:
 
     async def _route_phase(self, entry: DestEntry) -> Outcome:
         ep = self.ep
-        entry.state = EntryState.QUERY_ROUTE
+        ep.cache.set_state(entry, EntryState.QUERY_ROUTE)
         query = entry.route_query()
         if query is None:
             return AcmStatus.ENODATA, "no route query: the peer's address is not known"
@@ -421,15 +382,13 @@ class Resolver:
         """READY with ``path``, or (route_prot acm) with the group record ``group_route``
         aimed at the peer when asked for (``DestEntry.path``)."""
         ep = self.ep
-        entry.path = path
-        entry.group_route = group_route
         if not keep_av:
             entry.av = None  # built from the path when a response needs it
             entry.route_av = True
         if not entry.peer_lid and path is not None:
             entry.peer_lid = path.dlid
-        entry.state = EntryState.READY
-        entry.ready_at = now
-        ep.cache.set_timeouts(entry, now, ep.addr_lifetime, ep.route_lifetime)
+        ep.cache.make_ready(
+            entry, now, ep.addr_lifetime, ep.route_lifetime, path, group_route=group_route
+        )
         ep.publish_entry(entry)
         entry.poke()

@@ -27,6 +27,8 @@ from ibacm.acmp.cache import (
 from ibacm.compiled import is_compiled
 from ibacm.wire.path_record import PathRecord
 
+ROUTE = PathRecord(dlid=7, sl=1)
+
 
 def test_name_keys_ignore_case_and_trailing_bytes() -> None:
     a = cache_key(NAME, b"Node10")
@@ -105,7 +107,7 @@ def test_a_full_cache_drops_its_oldest_unused_entries_at_once() -> None:
 def test_bound_never_evicts_the_new_entry_or_loopback_entries() -> None:
     cache = DestCache(max_entries=1)
     local = cache.acquire(_key(9))
-    cache.put_loopback(local)
+    cache.put_loopback(local, ROUTE, 0.0)
     busy = cache.acquire(_key(1))
     busy.reply_tid = 5
     new = cache.acquire(_key(2))
@@ -123,11 +125,9 @@ def test_unbounded_cache_grows() -> None:
 def test_expiry_removes_addresses_and_demotes_routes() -> None:
     cache = DestCache()
     gone, demoted, forever = (cache.acquire(_key(i)) for i in range(3))
-    for entry in (gone, demoted, forever):
-        entry.state = EntryState.READY
-    cache.set_timeouts(gone, now=0.0, addr_lifetime=60.0, route_lifetime=math.inf)
-    cache.set_timeouts(demoted, now=0.0, addr_lifetime=600.0, route_lifetime=60.0)
-    cache.set_timeouts(forever, now=0.0, addr_lifetime=math.inf, route_lifetime=math.inf)
+    cache.make_ready(gone, 0.0, addr_lifetime=60.0, route_lifetime=math.inf, path=ROUTE)
+    cache.make_ready(demoted, 0.0, addr_lifetime=600.0, route_lifetime=60.0, path=ROUTE)
+    cache.make_ready(forever, 0.0, addr_lifetime=math.inf, route_lifetime=math.inf, path=ROUTE)
     assert cache.next_deadline() == 60.0
     assert cache.expire(59.0) == 0
     assert cache.expire(60.0) == 2
@@ -155,7 +155,7 @@ def test_peers_learned_in_one_batch_share_their_deadline() -> None:
     cache.set_addr_timeout(fifth, later, 600.0)
     assert (fourth.addr_expiry, fifth.addr_expiry) == (73.25, 613.25)
     for entry in (first, second, third, fourth, fifth):
-        entry.state = EntryState.ADDR_RESOLVED
+        cache.set_state(entry, EntryState.ADDR_RESOLVED)
     assert cache.expire(100.0) == 1 and cache.get(_key(4)) is None
     assert cache.expire(613.0) == 2  # the batch
     assert [cache.get(_key(i)) for i in (2, 5)] == [third, fifth]
@@ -164,8 +164,7 @@ def test_peers_learned_in_one_batch_share_their_deadline() -> None:
 def test_expiry_leaves_entries_being_resolved_alone() -> None:
     cache = DestCache()
     entry = cache.acquire(_key(1))
-    entry.state = EntryState.READY
-    cache.set_timeouts(entry, 0.0, 60.0, 60.0)
+    cache.make_ready(entry, 0.0, 60.0, 60.0, ROUTE)
     entry.op = Operation()
     assert cache.expire(100.0) == 0
     assert cache.get(_key(1)) is entry
@@ -174,8 +173,7 @@ def test_expiry_leaves_entries_being_resolved_alone() -> None:
 def test_extended_lifetimes_win_over_old_deadlines() -> None:
     cache = DestCache()
     entry = cache.acquire(_key(1))
-    entry.state = EntryState.READY
-    cache.set_timeouts(entry, 0.0, 60.0, math.inf)
+    cache.make_ready(entry, 0.0, 60.0, math.inf, ROUTE)
     cache.set_timeouts(entry, 50.0, 60.0, math.inf)
     assert cache.expire(70.0) == 0
     assert cache.expire(110.0) == 1
@@ -185,9 +183,8 @@ def test_background_expiry_groups_deadlines_by_the_second() -> None:
     cache = DestCache()
     entries = [cache.acquire(_key(i)) for i in range(50)]
     for i, entry in enumerate(entries):
-        entry.state = EntryState.READY
         # 50 deadlines spread over 60.01 .. 60.50: one wake-up for all of them.
-        cache.set_timeouts(entry, now=(i + 1) / 100, addr_lifetime=60.0, route_lifetime=math.inf)
+        cache.make_ready(entry, (i + 1) / 100, 60.0, math.inf, ROUTE)
     assert cache.next_deadline() == 61.0
     assert cache.expire(60.99) == 0  # never early
     assert cache.expire(61.0) == 50  # at most a second late
@@ -197,8 +194,7 @@ def test_background_expiry_groups_deadlines_by_the_second() -> None:
 def test_lookups_expire_exactly_even_when_the_sweep_is_late() -> None:
     cache = DestCache()
     entry = cache.acquire(_key(1))
-    entry.state = EntryState.READY
-    cache.set_timeouts(entry, now=0.25, addr_lifetime=60.0, route_lifetime=math.inf)
+    cache.make_ready(entry, 0.25, addr_lifetime=60.0, route_lifetime=math.inf, path=ROUTE)
     assert entry.addr_expiry == 60.25
     assert cache.next_deadline() == 61.0
 
@@ -217,7 +213,7 @@ def test_a_peer_learned_through_acm_has_its_route_query_built_on_demand() -> Non
     explicit = PathRecord(dgid=b"H" * 16, dlid=7)
     entry.query = explicit  # a hosts-file or path-form template wins
     assert entry.route_query() is explicit and entry.route_dest() == (b"H" * 16, 7)
-    entry.forget()
+    cache.forget(entry)
     assert entry.route_query() is None and entry.av is None and not entry.route_av
 
 
