@@ -34,6 +34,7 @@ from ibacm.wire.client import (
 
 _SOURCE = int(EpFlag.SOURCE)
 _DEST = int(EpFlag.DEST)
+_NOT_NODELAY = ~int(EpFlag.NODELAY)
 _NAME = int(AddrType.NAME)
 _RESOLVE = int(Counter.RESOLVE)
 _ROUTE_CACHE = int(Counter.ROUTE_CACHE)
@@ -59,7 +60,8 @@ class HitPath:
 
     def answer(self, frame: bytes, now: float) -> bytes | None:
         """The reply to the framed request ``frame`` if it is a cache hit at trio time
-        ``now``, else None (nothing counted, nothing changed)."""
+        ``now``, else None (nothing counted, nothing changed): what the dispatcher would
+        answer at once, as a RESOLVE of the common shape (two entries, address form)."""
         devices = self.devices
         if devices is None or self.max_paths < 1:
             return None
@@ -67,10 +69,15 @@ class HitPath:
         if fields is None:
             return None
         flags0, type0, _, info0, flags1, type1, _, info1 = fields
-        # SOURCE then DEST, nothing else flagged: the plan is known without building it.
-        if flags0 != _SOURCE or flags1 != _DEST or not is_address_type(type1):
+        # One SOURCE and one DEST (NODELAY changes nothing for a hit), in either order,
+        # nothing else flagged: the plan is known without building it.
+        if flags0 == _SOURCE and flags1 & _NOT_NODELAY == _DEST:
+            pass
+        elif flags1 == _SOURCE and flags0 & _NOT_NODELAY == _DEST:
+            type0, info0, type1, info1 = type1, info1, type0, info0
+        else:
             return None
-        if type0 not in LOCAL_ADDRESS_TYPES:
+        if type0 not in LOCAL_ADDRESS_TYPES or not is_address_type(type1):
             return None
         table = devices.route_tables.get(self._source_key(type0, info0))
         if table is None:

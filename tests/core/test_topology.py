@@ -277,6 +277,10 @@ async def test_source_lookup_follows_every_change(tmp_path: Path) -> None:
         }
 
 
+class Held(RouteTable):
+    __slots__ = ("__weakref__",)  # what a provider's table keeps alive (its endpoint's routes)
+
+
 @pytest.mark.trio
 async def test_route_tables_follow_the_index_and_a_failing_one_costs_the_fast_path_only(
     tmp_path: Path,
@@ -284,11 +288,11 @@ async def test_route_tables_follow_the_index_and_a_failing_one_costs_the_fast_pa
     async with sim_core(tmp_path, addr_lines=["node1 mlx5_0 1 default"]) as core:
         devices = core.topology.devices
         asked: list[object] = []
-        held: dict[int, weakref.ref[RouteTable]] = {}
+        held: dict[int, weakref.ref[Held]] = {}
 
         def table_for(addr_ctx: object) -> RouteTable:
             asked.append(addr_ctx)
-            table = RouteTable(lambda dest_type, dest: dest, {b"x": Hit(bytes(64), math.inf)})
+            table = Held(lambda dest_type, dest: dest, {b"x": Hit(bytes(64), math.inf)})
             held[id(addr_ctx)] = weakref.ref(table)
             return table
 
