@@ -42,6 +42,7 @@ import socket
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from ibacm.core.hits import HitPath
 from ibacm.wire.client import HDR_LEN, MSG_MAX, ClientFramer, FramingError, FramingFault
@@ -56,11 +57,12 @@ RECEIVE_SIZE = 4 * MSG_MAX
 ACCEPTS_PER_ROUND = 32
 """Connections one listener may bring per round: a flood of connections waits its turn in
 the backlog, every connected client is read in between."""
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_IN = select.EPOLLIN
-_OUT = select.EPOLLOUT
-_GONE = select.EPOLLHUP | select.EPOLLERR
-_DONTWAIT = socket.MSG_DONTWAIT
+_PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# Final: mypyc keeps them in C statics, not in the module's dict (read on every request).
+_IN: Final = select.EPOLLIN
+_OUT: Final = select.EPOLLOUT
+_GONE: Final = select.EPOLLHUP | select.EPOLLERR
+_DONTWAIT: Final = socket.MSG_DONTWAIT
 _RESETS = (BrokenPipeError, ConnectionResetError)
 _TRANSIENT_ACCEPT_ERRORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 
@@ -326,14 +328,17 @@ class ClientLoop:
                 if not conn.closed:
                     self._flush(conn, now)
         if self._batch or self._notes:
-            batch, notes = self._batch, self._notes
-            self._batch, self._notes = [], []
-            handoff = self._handoff
-            try:
-                self._post(lambda: handoff(batch, notes))
-            except Exception:  # trio has ended (RunFinishedError): nobody will answer
-                for request in batch:
-                    self._close(request.connection)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        batch, notes = self._batch, self._notes
+        self._batch, self._notes = [], []
+        handoff = self._handoff
+        try:
+            self._post(lambda: handoff(batch, notes))
+        except Exception:  # trio has ended (RunFinishedError): nobody will answer
+            for request in batch:
+                self._close(request.connection)
 
     def _take_inbox(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -429,6 +434,11 @@ class ClientLoop:
             return
         if not data:
             self._stop_reading(conn)
+            return
+        frame = conn.framer.whole(data)
+        if frame is not None:
+            conn.requests += 1
+            self._request(conn, frame, now)
             return
         conn.framer.feed(data)
         self._take(conn, now)

@@ -15,6 +15,7 @@ table's ``routes`` and ``key``, ``max_paths``); what is written here nobody else
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from ibacm.core.model import (
     LOCAL_ADDRESS_TYPES,
@@ -25,19 +26,18 @@ from ibacm.core.model import (
 )
 from ibacm.provider.api import Counter, Counters
 from ibacm.wire.client import (
-    AddrType,
     EpFlag,
     encode_one_path_reply,
     is_address_type,
     unpack_resolve_pair,
 )
 
-_SOURCE = int(EpFlag.SOURCE)
-_DEST = int(EpFlag.DEST)
-_NOT_NODELAY = ~int(EpFlag.NODELAY)
-_NAME = int(AddrType.NAME)
-_RESOLVE = int(Counter.RESOLVE)
-_ROUTE_CACHE = int(Counter.ROUTE_CACHE)
+# Final: mypyc keeps them in C statics, not in the module's dict (read on every request).
+_SOURCE: Final = int(EpFlag.SOURCE)
+_DEST: Final = int(EpFlag.DEST)
+_NOT_NODELAY: Final = ~int(EpFlag.NODELAY)
+_RESOLVE: Final = int(Counter.RESOLVE)
+_ROUTE_CACHE: Final = int(Counter.ROUTE_CACHE)
 SOURCE_KEYS_MAX = 1024
 """Source address keys remembered; a client naming ever new sources costs a rebuild."""
 

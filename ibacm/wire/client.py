@@ -834,6 +834,14 @@ _OPERATIONS = frozenset(int(op) for op in AcmOp)
 _RESOLVE_BYTE = int(AcmOp.RESOLVE)
 
 
+def _request_length_in(head: bytes | bytearray) -> int:
+    """``request_length``'s rule read in place (at least 8 bytes): little-endian only for
+    opcode byte 0x01."""
+    if head[1] == _RESOLVE_BYTE:
+        return head[6] | head[7] << 8
+    return head[6] << 8 | head[7]
+
+
 class ClientFramer:
     """Split a client-protocol byte stream into whole messages (sans-I/O, h11 style).
 
@@ -880,6 +888,20 @@ class ClientFramer:
         del self._buffer[:length]
         return frame
 
+    def whole(self, data: bytes) -> bytes | None:
+        """``data`` itself when nothing is buffered and it is exactly one valid request (the
+        common read: a client sent one request and waits); else None, with nothing changed
+        (then ``feed`` it). Saves the buffer's copies on the way of most requests."""
+        if self._buffer or self._replies or self._error is not None or len(data) < HDR_LEN:
+            return None
+        op = data[1] & OP_MASK
+        if data[0] != ACM_VERSION or op not in _OPERATIONS:
+            return None
+        length = _request_length_in(data)
+        if length != len(data) or not _allowed_request_length(op, length):
+            return None
+        return data
+
     def head(self, size: int = HDR_LEN) -> bytes:
         """The first ``size`` bytes not yet returned as a frame (after a ``FramingError``:
         the start of the offending message)."""
@@ -906,11 +928,7 @@ class ClientFramer:
             length = reply_length(bytes(buffer[:8]))
             allowed = _allowed_reply_length(op, length)
         else:
-            # request_length's rule, read in place: little-endian only for opcode byte 0x01.
-            if buffer[1] == _RESOLVE_BYTE:
-                length = buffer[6] | buffer[7] << 8
-            else:
-                length = buffer[6] << 8 | buffer[7]
+            length = _request_length_in(buffer)
             allowed = _allowed_request_length(op, length)
         if not allowed:
             name = AcmOp(op).name

@@ -150,3 +150,23 @@ def test_perf_and_ep_queries_of_any_whole_length_are_framed(op: int, length: int
     framer = ClientFramer()
     framer.feed(request + request)
     assert framer.next_frame() == request and framer.next_frame() == request
+
+
+@settings(max_examples=300)
+@given(st.one_of(requests, st.binary(max_size=700), requests.map(lambda raw: raw + b"\x01")))
+def test_a_whole_request_is_taken_as_it_is_and_anything_else_as_fed(data: bytes) -> None:
+    """``whole`` (the client loop's shortcut) returns exactly what feeding would frame alone:
+    the bytes themselves when they are one valid request, else None with nothing taken."""
+    fed = ClientFramer()
+    try:
+        fed.feed(data)
+        frames = []
+        while (frame := fed.next_frame()) is not None:
+            frames.append(frame)
+    except FramingError:
+        frames = []
+    alone = frames == [data] and not fed.buffered
+    shortcut = ClientFramer()
+    assert (shortcut.whole(data) == data) is alone
+    assert shortcut.buffered == 0  # nothing was taken either way
+    assert ClientFramer(replies=True).whole(data) is None  # requests only
