@@ -105,7 +105,7 @@ class ClientServer:
         self._idle = trio.Event()
         self._refused_seen = 0
         self._lines = {
-            NoteKind.MALFORMED: RateLimitedLine("client request rejected; closing", "info"),
+            NoteKind.MALFORMED: RateLimitedLine("client request rejected; closing"),
             NoteKind.TIMED_OUT: RateLimitedLine("client timed out; closing", "info"),
             NoteKind.DROPPED: RateLimitedLine("client dropped: it does not read its replies"),
             NoteKind.FAILED: RateLimitedLine("client handling failed; closing", "error"),

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 import trio
 
 from ibacm.core.client_loop import ClientLimits
@@ -24,7 +25,7 @@ from ibacm.provider.api import Counters
 from ibacm.wire import admin as wire
 from ibacm.wire.client import encode_perf_request
 from tests.conftest import require_peer
-from tests.core.support import AcmClient, make_options, sim_daemon
+from tests.core.support import AcmClient, cluster, make_options, sim_daemon
 from tests.core.test_daemon_control import AdminClient
 
 NOBODY = 65534
@@ -191,3 +192,82 @@ def test_clients_stay_below_the_open_file_limit_with_a_reserve() -> None:
         assert server.status()["capacity"] == 40
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _churn(uid: int, path: str, rounds: int, per_round: int, report: int) -> None:
+    """The child: become ``uid``; ``rounds`` x ``per_round`` one-shot connections, each
+    sending a malformed request (version 2) and closing at once; report how many it made."""
+    os.setgid(uid)
+    os.setuid(uid)
+    made = 0
+    for _ in range(rounds):
+        for _ in range(per_round):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.connect(path)
+                    sock.send(bytes([2, 1, 0, 0, 0, 0, 0, 16]) + bytes(8))
+                except OSError:
+                    continue  # refused or reset: the daemon is allowed to be busy
+                made += 1
+    os.write(report, made.to_bytes(4, "big"))
+
+
+@pytest.mark.peer
+@pytest.mark.trio
+async def test_a_churn_of_malformed_connections_by_another_user_delays_root_little(
+    shared_dir: Path,
+) -> None:
+    """3 x 6000 malformed one-shot connections by ``nobody``: meanwhile root's real ib_acme
+    gets every answer within the bound, and the daemon writes a few rate-limited lines about
+    them, not one each (their count is in ``client_limits``)."""
+    require_peer("ib_acme")
+    async with cluster(shared_dir) as run:
+        svc = run.socket()
+        resolve = ("-S", svc, "-f", "n", "-s", "node1", "-d", "node2")
+        assert (await run_ib_acme(*resolve))[0] == 0  # cached from now on
+        report_r, report_w = os.pipe()
+        with structlog.testing.capture_logs() as logs:
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    os.close(report_r)
+                    _churn(NOBODY, svc, 3, 6000, report_w)
+                    status = 0
+                finally:
+                    os._exit(status)
+            os.close(report_w)
+            slowest = 0.0
+            answers = 0
+            report = trio.lowlevel.FdStream(report_r)
+            async with report:
+                done = trio.Event()
+
+                made = 0
+
+                async def wait_child() -> None:
+                    nonlocal made
+                    made = int.from_bytes(await report.receive_some(4), "big")
+                    done.set()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wait_child)
+                    with trio.fail_after(300):
+                        while not done.is_set():
+                            started = trio.current_time()
+                            status, out = await run_ib_acme(*resolve)
+                            slowest = max(slowest, trio.current_time() - started)
+                            assert status == 0, out
+                            answers += 1
+            _, status = await trio.to_thread.run_sync(os.waitpid, pid, 0)
+            assert status == 0
+            assert made > 15000, made
+            stats = run.daemons["node1"].clients.stats
+            with trio.fail_after(60):  # the last ones may still wait in the backlog
+                while stats.malformed < made:
+                    await trio.sleep(0.05)
+        # Generous against a loaded machine; the figure is the churn benchmark's.
+        assert answers >= 1 and slowest < 3.0, (answers, slowest)
+        lines = [entry for entry in logs if entry["event"] == "client request rejected; closing"]
+        assert 1 <= len(lines) <= 40, len(lines)  # one per 10 s at most, each with a count
+        assert sum(int(entry["count"]) for entry in lines) <= stats.malformed
