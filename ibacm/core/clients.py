@@ -35,6 +35,7 @@ from ibacm.core.client_loop import (
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.hits import HitPath
 from ibacm.log import get_logger
+from ibacm.provider.api import Counter
 from ibacm.wire.errors import WireError
 
 log = get_logger("ibacm.clients")
@@ -117,6 +118,12 @@ class ClientServer:
     @property
     def stats(self) -> ClientStats:
         return self._loop.stats if self._loop is not None else ClientStats()
+
+    @property
+    def hits(self) -> int:
+        """RESOLVEs the client loop answered from the route tables (cache hits)."""
+        loop = self._loop
+        return loop.hits.tally.values[Counter.ROUTE_CACHE] if loop is not None else 0
 
     @property
     def active(self) -> int:

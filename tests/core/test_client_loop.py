@@ -1,0 +1,90 @@
+"""The client loop's thread against the trio side changing what it reads.
+
+A client process pipelines RESOLVEs at node1 (hits, answered in the loop's thread from the
+route tables) while the test, on the trio side, flushes the cache, adds and removes node1's
+addresses, moves the SM and drops routes: every reply must still be the right one (in order,
+the asked destination's path), and nothing may fail in the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+import trio
+
+from ibacm.acmp.provider import AcmpProvider
+from tests.reliability.live import live_cluster
+
+HITS = 1_000_000
+"""Hits the thread serves while the trio side changes what it reads."""
+
+
+@pytest.mark.trio
+async def test_the_loop_serves_right_answers_while_trio_changes_its_tables(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(28)
+    async with live_cluster(tmp_path, 4) as cluster:
+        node1 = cluster["node1"]
+        daemon = node1.daemon
+        provider = daemon.providers.get("ibacmp")
+        assert isinstance(provider, AcmpProvider)
+        endpoint = node1.endpoints()[0]
+        world = cluster.world
+        peers = ("node2", "node3", "node4")
+        dests = [f"{name}={world.node(name).gids[0].hex()}" for name in peers]
+        client = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "tests.core.pipelined_client",
+                node1.socket_path,
+                "node1",
+                *dests,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert client.stdin is not None and client.stdout is not None
+        changes = 0
+        with structlog.testing.capture_logs() as logs:
+            with trio.fail_after(600):
+                while daemon.clients.hits < HITS:
+                    await trio.sleep(rng.uniform(0.002, 0.05))
+                    change = changes % 5
+                    if change == 0:
+                        provider.flush(endpoint)  # every learned entry goes
+                    elif change == 1:
+                        world.add_address("node1", "ib0", f"10.77.{changes % 250}.1")
+                    elif change == 2:
+                        world.remove_address("node1", f"10.77.{(changes - 1) % 250}.1")
+                    elif change == 3:
+                        endpoint.invalidate_routes()  # READY entries back to ADDR_RESOLVED
+                    else:
+                        world.move_sm(f"node{2 + changes % 3}")
+                    changes += 1
+            await client.stdin.send_all(b"stop\n")
+            with trio.fail_after(60):
+                out = b""
+                while not out.endswith(b"\n"):
+                    chunk = await client.stdout.receive_some()
+                    if not chunk:
+                        break
+                    out += chunk
+            await client.wait()
+        result = json.loads(out)
+        assert result["wrong"] == []
+        assert result["answered"] >= HITS
+        statuses = {int(status): count for status, count in result["statuses"].items()}
+        # A flush or an SM move may cost a request ENODATA; never a wrong path.
+        assert statuses.get(0, 0) >= 0.95 * result["answered"], statuses
+        assert changes >= 20
+        failures = [entry for entry in logs if entry["log_level"] in ("error", "critical")]
+        assert failures == []
+        assert daemon.clients.stats.dropped == 0
