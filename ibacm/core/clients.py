@@ -262,12 +262,26 @@ class ClientServer:
             else:
                 data = dispatcher.answer_now(request.frame)
                 if data is None:
-                    self._nursery.start_soon(self._resolve, request)
+                    self._begin(request)
                     return
         except Exception as exc:
             data = None
             self._failed(request, exc)
         self._loop.reply(request.connection, request.slot, data)
+
+    def _begin(self, request: Request) -> None:
+        """A RESOLVE to wait for: started now by the provider when it can (its MAD posted in
+        this round, the reply handed to the loop from the round that ends it), else in a
+        task of its own."""
+        loop = self._loop
+        assert loop is not None and self._nursery is not None
+        connection, slot = request.connection, request.slot
+
+        def done(data: bytes) -> None:
+            loop.reply(connection, slot, data)
+
+        if not self.dispatcher.begin_resolve(request.frame, connection.name, done):
+            self._nursery.start_soon(self._resolve, request)
 
     async def _resolve(self, request: Request) -> None:
         data: bytes | None = None

@@ -23,7 +23,7 @@ the dispatcher runs in unit tests without sockets.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ibacm.core.model import (
@@ -212,6 +212,48 @@ class Dispatcher:
         return await self.resolve(frame, client)
 
     # -- RESOLVE -------------------------------------------------------------------------------
+    def begin_resolve(self, frame: bytes, client: str, done: Callable[[bytes], None]) -> bool:
+        """An admitted RESOLVE started here and now, without a task: True when the provider
+        took it (``done`` gets the reply, exactly once, maybe before this returns); False
+        with nothing counted or changed when it is not the common case (address form with
+        its SOURCE given, a provider that can: ``Provider.begin_resolve``), and ``resolve``
+        answers it. Raises WireError for a request that does not decode, as ``resolve``."""
+        message = AcmMessage.decode(frame)
+        if entry_zero(frame).type == AddrType.PATH:
+            return False
+        try:
+            plan = plan_address_form(message)
+        except CoreError:
+            return False
+        if plan.src_index is None:
+            return False
+        source = plan.entries[plan.src_index]
+        slot = find_address(self.devices, source.type, source.info)
+        provider = slot.owner.port.provider if slot is not None else None
+        if slot is None or provider is None:
+            return False
+        request = ResolveRequest(plan.entries, plan.src_index, plan.dst_index, client)
+        hdr = message.hdr
+        answered = False
+
+        def finished(result: ResolveResult) -> None:
+            nonlocal answered
+            if answered:
+                log.error("provider answered a request twice", client=client)
+                return
+            answered = True
+            count_reply(self.counters, result.status)
+            done(self.resolve_reply(hdr, result, None))
+
+        try:
+            return provider.begin_resolve(slot.ctx, request, finished)
+        except Exception:
+            # A provider bug costs this one request, answered like C's internal failures.
+            log.exception("provider begin_resolve failed", client=client)
+            if not answered:
+                finished(ResolveResult(AcmStatus.ENOMEM))
+            return True
+
     async def resolve(self, frame: bytes, client: str) -> bytes:
         """Answer an admitted RESOLVE (address form, path form or QUERY_SA)."""
         message = AcmMessage.decode(frame)

@@ -315,6 +315,19 @@ class Provider(abc.ABC):
         """Address form or path form (entry 0 type PATH). Honour NODELAY on the DEST entry
         (path form: on entry 0): answer ENODATA at once on a miss and keep resolving."""
 
+    def begin_resolve(
+        self, addr_ctx: object, request: ResolveRequest, done: Callable[[ResolveResult], None]
+    ) -> bool:
+        """Optional: ``resolve`` without a task of the core's, for an address-form request.
+
+        False: not taken (the core awaits ``resolve`` instead), with nothing counted or
+        changed. True: the resolution was started here and now (its first MAD posted in
+        this very round, when one is needed), and ``done`` is called exactly once, in
+        trio's thread, with what ``resolve`` would have returned: at once when the answer
+        is at hand, else from the round that ends the resolution (e.g. the MAD receive
+        loop's). ``done`` must not raise; this method must not raise after calling it."""
+        return False
+
     def route_table(self, addr_ctx: object) -> RouteTable | None:
         """The cache-hit fast path of address-form RESOLVEs from the source ``addr_ctx``: the
         routes the provider has at hand (see ``RouteTable``), or None when it has none. The
