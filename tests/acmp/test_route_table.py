@@ -359,6 +359,16 @@ def test_expiry_on_use_and_a_local_address_take_the_hit_out() -> None:
     assert learned.hit is None and learned.hits == 1
 
 
+def test_a_resolution_ending_on_a_removed_entry_publishes_nothing() -> None:
+    cache = DestCache()
+    cache.set_serving(True)
+    entry = cache.acquire(_ip(1))
+    entry.reply_tid = 9  # busy: a peer waits for the route
+    assert cache.remove(_ip(1)) is entry  # e.g. the address became one of ours
+    cache.make_ready(entry, 0.0, 60.0, math.inf, ROUTE)  # the SA's answer comes after
+    assert len(cache.table.routes) == 0
+
+
 # -- counters and admin hits --------------------------------------------------------------
 
 
