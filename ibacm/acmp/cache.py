@@ -17,9 +17,10 @@ behavior.md §9. Differences from C, all invisible on the wire:
 * A bound (``cache_max_entries``) evicts a learned entry nobody is waiting on and nobody
   used lately (defect 32): the oldest ones not used since they were last passed over, in the
   "second chance" (CLOCK) approximation of least recently used, as page caches do, down to
-  1/64 below the bound at once. A use costs one flag on the entry; an exact order cost an
-  OrderedDict (twice a dict's memory per entry) and a reordering per lookup. Loopback
-  entries live in their own map and are never evicted.
+  1/64 below the bound at once. A use is a lookup here (it marks the entry) or a request the
+  client loop answered from the entry's Hit (its count grew since the last pass); an exact
+  order cost an OrderedDict (twice a dict's memory per entry) and a reordering per lookup.
+  Loopback entries live in their own map and are never evicted.
 * Expiry runs in the background from deadlines grouped by the second (``expire``), besides
   the on-lookup checks of C, so entries of peers nobody asks for again do not stay forever.
   The on-lookup checks are exact; the background sweep may come up to a second late, which
@@ -30,6 +31,13 @@ behavior.md §9. Differences from C, all invisible on the wire:
   entries bounded nothing of the memory under a flood of new sources. The lists it may be in
   (its pending wake-up's and its deadlines') are rebuilt without it, once per batch of
   evictions, and a second whose list empties leaves the heap when half of it is such seconds.
+
+* The cache publishes its READY entries for the client loop, which answers cache hits in
+  its own thread: ``DestCache.table``, a ``RouteTable`` whose ``routes`` (an immutable map,
+  replaced whole on every change) hold each READY entry's ``Hit``, its route packed once
+  when it became READY and its expiry (the earlier of the two lifetimes). The entry's
+  state machine is the cache's methods alone (``state`` and ``path`` are read-only), so
+  no change of state, route, lifetime or membership can leave the table behind.
 
 Times are trio clock seconds; ``math.inf`` means "never".
 """
@@ -654,13 +662,18 @@ class DestCache:
                 return
             self._fold(entry, old)
         hit = entry.hit = Hit(packed, expiry)
-        if not self.serving:
+        key = entry.key
+        if not self.serving or (
+            self._entries.get(key) is not entry and self._loopback.get(key) is not entry
+        ):
+            # Not answered now, or no longer this cache's entry: a resolution that ends on an
+            # entry removed meanwhile (its address became local) publishes nothing.
             return
         batch = self._batch
         if batch is not None:
-            batch[entry.key] = hit
+            batch[key] = hit
         else:
-            self._routes = self._routes.set(entry.key, hit)
+            self._routes = self._routes.set(key, hit)
             self.table.routes = self._routes
 
     def _drop_hits(self, entries: Iterable[DestEntry]) -> None:
