@@ -55,11 +55,14 @@ import immutables
 import trio
 
 from ibacm.acmp.routes import address_query
+from ibacm.log import get_logger
 from ibacm.provider.api import Hit, RouteTable
 
 if TYPE_CHECKING:
     from ibacm.fabric.api import AddressVector
     from ibacm.wire.path_record import AimablePath, PathRecord
+
+log = get_logger("ibacm.acmp.cache")
 
 ADDRESS_LEN = 64
 
@@ -170,7 +173,7 @@ class Operation:
     peer message, a port going down) decides the status and every waiter sees exactly that.
     """
 
-    __slots__ = ("done", "path", "reason", "status", "waiters")
+    __slots__ = ("callbacks", "done", "path", "reason", "status", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -180,6 +183,9 @@ class Operation:
         self.path: PathRecord | None = None
         """The route on success (the entry itself may change again before waiters run)."""
         self.waiters = 0
+        self.callbacks: list[Callable[[Operation], None]] = []
+        """Requests waiting without a task (``Resolver.begin_address``): called by
+        ``finish``, in the round that ends the operation."""
 
     @property
     def finished(self) -> bool:
@@ -191,6 +197,13 @@ class Operation:
         self.status = int(status)
         self.reason = reason
         self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                # One waiter's bug must not keep the others (or the resolution) from ending.
+                log.exception("a resolution's waiter failed")
         return True
 
 

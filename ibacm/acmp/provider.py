@@ -284,6 +284,25 @@ class AcmpProvider(Provider):
             status, found = await resolver.resolve_address(request.source, dest, nodelay)
         return ResolveResult(_status(status), (found,) if found is not None else ())
 
+    def begin_resolve(
+        self, addr_ctx: object, request: ResolveRequest, done: Callable[[ResolveResult], None]
+    ) -> bool:
+        """Address form without a task: the ACM request goes out from here (``_start``
+        spawns the resolution, whose first MAD is posted in its first step) and the answer
+        comes from the round that ends the resolution."""
+        if request.entries[0].type == AddrType.PATH:
+            return False
+        dest = request.dest
+
+        def answered(answer: tuple[int, PathRecord | None]) -> None:
+            status, found = answer
+            done(ResolveResult(_status(status), (found,) if found is not None else ()))
+
+        nodelay = bool(dest.flags & EpFlag.NODELAY)
+        endpoint = _address(addr_ctx).endpoint
+        endpoint.resolver.begin_address(request.source, dest, nodelay, answered)
+        return True
+
     def route_table(self, addr_ctx: object) -> RouteTable:
         """The endpoint's route table (``DestCache.table``): its READY entries while it is
         ready, kept in step by the cache's state machine; the same object for the

@@ -23,6 +23,7 @@ and that retransmission starts a new route query here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -65,6 +66,20 @@ WAIT_GRACE = 1.0
 MAX_STEPS = 6
 
 Outcome = tuple[int, str]
+Answer = tuple[int, "PathRecord | None"]
+"""A client request's answer: (status, the route on success)."""
+
+
+class _Waiting:
+    """A request's resolution goes on: the entry and the operation to wait for."""
+
+    __slots__ = ("entry", "op")
+
+    def __init__(self, entry: DestEntry, op: Operation) -> None:
+        self.entry = entry
+        self.op = op
+
+
 """An ACM status and, for a failure, why (in words)."""
 NOT_READY = "the endpoint has not joined its multicast group 0 yet (or rejoins)"
 CLOSED = "the endpoint closed"
@@ -101,6 +116,29 @@ class Resolver:
         self, source: EpAddr, dest: EpAddr, nodelay: bool
     ) -> tuple[int, PathRecord | None]:
         """Address form (behavior.md §10.2)."""
+        started = self._begin_address(source, dest, nodelay)
+        if not isinstance(started, _Waiting):
+            return started
+        return await self._park(started.entry, started.op, nodelay)
+
+    def begin_address(
+        self, source: EpAddr, dest: EpAddr, nodelay: bool, done: Callable[[Answer], None]
+    ) -> None:
+        """``resolve_address`` without a task: ``done`` gets its answer, at once when it is
+        at hand, else from the round that ends the resolution (``Operation.finish``)."""
+        started = self._begin_address(source, dest, nodelay)
+        if not isinstance(started, _Waiting):
+            done(started)
+            return
+        if nodelay:
+            done(self._nodelay())
+            return
+        entry = started.entry
+        started.op.callbacks.append(lambda ended: done(self._parked(entry, ended)))
+
+    def _begin_address(self, source: EpAddr, dest: EpAddr, nodelay: bool) -> Answer | _Waiting:
+        """What ``resolve_address`` does before it waits: the answer, when it is at hand;
+        else the entry and the operation to wait for (started now, when none was)."""
         ep = self.ep
         counters = ep.counters
         if not ep.ready:
@@ -135,7 +173,7 @@ class Resolver:
                 if self.route_now(entry, trio.current_time()):
                     return AcmStatus.SUCCESS, entry.path
             op = self._start(entry, source)
-        return await self._park(entry, op, nodelay)
+        return _Waiting(entry, op)
 
     async def resolve_path(
         self, request: PathRecord, nodelay: bool
@@ -165,19 +203,24 @@ class Resolver:
             op = self._start(entry, None)
         return await self._park(entry, op, nodelay)
 
-    async def _park(
-        self, entry: DestEntry, op: Operation, nodelay: bool
-    ) -> tuple[int, PathRecord | None]:
-        counters = self.ep.counters
+    async def _park(self, entry: DestEntry, op: Operation, nodelay: bool) -> Answer:
         if nodelay:
-            counters.endpoint_only(Counter.NODATA)
-            return AcmStatus.ENODATA, None
+            return self._nodelay()
         op.waiters += 1
         try:
             with trio.move_on_after(self.address_budget + self.route_budget + WAIT_GRACE):
                 await op.done.wait()
         finally:
             op.waiters -= 1
+        return self._parked(entry, op)
+
+    def _nodelay(self) -> Answer:
+        """NODELAY on a miss: ENODATA at once; the resolution goes on."""
+        self.ep.counters.endpoint_only(Counter.NODATA)
+        return AcmStatus.ENODATA, None
+
+    def _parked(self, entry: DestEntry, op: Operation) -> Answer:
+        """The answer of a request that waited for ``op`` (ended, or past its budgets)."""
         status = op.status if op.finished else AcmStatus.ETIMEDOUT
         if status == AcmStatus.SUCCESS and op.path is not None:
             return AcmStatus.SUCCESS, op.path
@@ -186,6 +229,7 @@ class Resolver:
             self.ep.note_failure(KeyText(entry.key), status, reason)
         if status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA
+        counters = self.ep.counters
         counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)
         return status, None
 
