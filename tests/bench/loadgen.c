@@ -7,10 +7,13 @@
  *   oneshot   what ib_acme does: connect, send one request, read the whole reply, close,
  *             repeat; the latency is connect -> whole reply;
  *   pipeline  each connection keeps DEPTH requests in flight: DEPTH at once, then one more
- *             per reply.
+ *             per reply;
+ *   churn     connect, send REQUEST_FILE's bytes (garbage, say), close at once without reading,
+ *             COUNT connections in all (-n), each process a blocking loop: what a client flooding
+ *             the daemon with malformed one-shot connections does. No latency is measured.
  *
- *   loadgen [-m MODE] [-k DEPTH] [-p PROCS] [-w WARMUP] [-g GRACE] SOCKET REQUEST_FILE
- *           CLIENTS SECONDS
+ *   loadgen [-m MODE] [-k DEPTH] [-n COUNT] [-p PROCS] [-w WARMUP] [-g GRACE] SOCKET
+ *           REQUEST_FILE CLIENTS SECONDS
  *
  * Nothing a server does stops the run: a refused connect (nobody listens: the server died),
  * a full backlog (retried after 1 ms), a reset or a hang-up (the requests in flight are lost,
@@ -42,7 +45,7 @@
 #define MAX_DEPTH 256
 #define RETRY_NS 1000000ull
 
-enum mode { CLOSED, ONESHOT, PIPELINE };
+enum mode { CLOSED, ONESHOT, PIPELINE, CHURN };
 
 struct client {
 	int fd;			/* -1: not connected */
@@ -280,6 +283,39 @@ static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t
 	free(clients);
 }
 
+/* Churn: `count` connect-send-close rounds (or until `end`), blocking, counting failures. */
+static void run_churn(uint64_t count, uint64_t start, uint64_t end, struct tally *t,
+		      uint64_t **lat)
+{
+	*lat = malloc(sizeof(uint64_t));
+	while (now_ns() < start)
+		usleep(100);
+	while (t->connections < count && now_ns() < end) {
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0) {
+			perror("loadgen: socket");
+			exit(1);
+		}
+		if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+			if (errno == EAGAIN)
+				t->backlog_full++;
+			else
+				t->refused++;
+			close(fd);
+			usleep(100);
+			continue;
+		}
+		t->connections++;
+		if (send(fd, request, request_len, MSG_NOSIGNAL) == (ssize_t)request_len)
+			t->sent++;
+		else if (errno == EAGAIN)
+			t->send_failed++;
+		else
+			t->resets++;
+		close(fd);
+	}
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -342,22 +378,26 @@ static int raise_nofile(int per_proc)
 static void usage(const char *self)
 {
 	fprintf(stderr,
-		"usage: %s [-m closed|oneshot|pipeline] [-k DEPTH] [-p PROCS] [-w WARMUP] "
-		"[-g GRACE] SOCKET REQUEST_FILE CLIENTS SECONDS\n", self);
+		"usage: %s [-m closed|oneshot|pipeline|churn] [-k DEPTH] [-n COUNT (churn)] "
+		"[-p PROCS] [-w WARMUP] [-g GRACE] SOCKET REQUEST_FILE CLIENTS SECONDS\n", self);
 }
 
 int main(int argc, char **argv)
 {
 	int procs = 1, opt;
+	long long total = 0;
 	double warmup = 0, grace = 2;
 	const char *mode_name = "closed";
-	while ((opt = getopt(argc, argv, "m:k:p:w:g:")) != -1) {
+	while ((opt = getopt(argc, argv, "m:k:n:p:w:g:")) != -1) {
 		switch (opt) {
 		case 'm':
 			mode_name = optarg;
 			break;
 		case 'k':
 			depth = (unsigned)atoi(optarg);
+			break;
+		case 'n':
+			total = atoll(optarg);
 			break;
 		case 'p':
 			procs = atoi(optarg);
@@ -379,6 +419,8 @@ int main(int argc, char **argv)
 		mode = ONESHOT;
 	else if (!strcmp(mode_name, "pipeline"))
 		mode = PIPELINE;
+	else if (!strcmp(mode_name, "churn") && total > 0)
+		mode = CHURN;
 	else {
 		usage(argv[0]);
 		return 2;
@@ -430,7 +472,12 @@ int main(int argc, char **argv)
 			close(fds[0]);
 			struct tally t = { 0 };
 			uint64_t *lat;
-			run_share(share, start, measure_from, end, (uint64_t)(grace * 1e9), &t, &lat);
+			if (mode == CHURN)
+				run_churn((uint64_t)(total / procs + (p < total % procs)), start,
+					  end, &t, &lat);
+			else
+				run_share(share, start, measure_from, end, (uint64_t)(grace * 1e9),
+					  &t, &lat);
 			if (write_all(fds[1], &t, sizeof(t)) ||
 			    write_all(fds[1], lat, t.count * sizeof(uint64_t)))
 				_exit(1);

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import pstats
 import socket
 import statistics
@@ -294,14 +295,17 @@ def sim_cluster(
     c_nodes: list[str],
     env: dict[str, str] | None = None,
     nodes: int = 3,
-    extra: list[str] | None = None,
+    log_level: int | None = 0,
 ) -> Iterator[Cluster]:
     """A simulated cluster of real daemons: ours, and rdma-core's C daemon on ``c_nodes``.
-    ``env``: the daemons' environment (``bench_env()`` by default)."""
+    ``env``: the daemons' environment (``bench_env()`` by default); ``log_level`` None: the
+    default one."""
     sim_dir = work / "sim"
     env = bench_env() if env is None else env
-    up = [str(VENV_BIN / "ibacm-sim"), "up", "--dir", str(sim_dir), "--log-level", "0"]
-    up += ["--nodes", str(nodes), "--daemon-cmd", _daemon_cmd(profile_out), *(extra or [])]
+    up = [str(VENV_BIN / "ibacm-sim"), "up", "--dir", str(sim_dir)]
+    if log_level is not None:
+        up += ["--log-level", str(log_level)]
+    up += ["--nodes", str(nodes), "--daemon-cmd", _daemon_cmd(profile_out)]
     if c_nodes:
         up += ["--c-ibacm", ",".join(c_nodes)]
     done = subprocess.run(up, capture_output=True, text=True, env=env, check=False)
@@ -515,8 +519,13 @@ def _counts(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=1.0, help="measured seconds per run")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=float(os.environ.get("BENCH_SECONDS", 1.0)),
+        help="measured seconds per run",
+    )
+    parser.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 3)))
     parser.add_argument("--oneshot", default="1,16", help="one-shot client counts ('' skips)")
     parser.add_argument("--clients", default="1,16,64,256,1024,4096", help="cached RESOLVE")
     parser.add_argument("--depths", default="8,64", help="pipelining depths ('' skips)")
