@@ -20,7 +20,6 @@ Target (issue 28): every answer within 1 s while the churn lasts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pwd
 import shutil
@@ -128,9 +127,7 @@ def churn_one(
     ib_acme = real_ib_acme()
     baseline = [ib_acme_once(ib_acme, sock, source) for _ in range(20)]
     group = pwd.getpwnam(uid_name).pw_gid
-    command = ["setpriv", f"--reuid={uid_name}", f"--regid={group}", "--clear-groups"]
-    command += [str(loadgen), "-m", "churn", "-n", str(churners * connections)]
-    command += ["-p", str(churners), sock, str(garbage), str(churners), "600"]
+    as_other = ["setpriv", f"--reuid={uid_name}", f"--regid={group}", "--clear-groups"]
     lines_before = log_lines(node_dir)
     cpu_before = load.cpu_seconds(pid)
     samples: list[float | None] = []
@@ -144,14 +141,11 @@ def churn_one(
     start = time.perf_counter()
     resolver.start()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=900)
+        churn = load.churn(loadgen, sock, garbage, churners, connections, prefix=as_other)
         churn_seconds = time.perf_counter() - start
     finally:
         finished.set()
         resolver.join()
-    if done.returncode != 0:
-        raise BenchError(f"the churn failed: {done.stderr.strip()}")
-    churn = json.loads(done.stdout)
     alive = Path(f"/proc/{pid}").exists()
     figures: dict[str, Any] = {
         "baseline": _latency_figures(baseline),

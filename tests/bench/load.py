@@ -81,6 +81,43 @@ def run(
     return figures
 
 
+def churn_command(
+    loadgen: Path,
+    sock: str,
+    garbage_file: Path,
+    processes: int,
+    connections: int,
+    seconds: float = 600.0,
+) -> list[str]:
+    """``loadgen -m churn``: PROCESSES x CONNECTIONS connect-send-close rounds, at most
+    ``seconds``."""
+    command = [str(loadgen), "-m", "churn", "-n", str(processes * connections)]
+    return [*command, "-p", str(processes), sock, str(garbage_file), str(processes), str(seconds)]
+
+
+def churn(
+    loadgen: Path,
+    sock: str,
+    garbage_file: Path,
+    processes: int,
+    connections: int,
+    seconds: float = 600.0,
+    prefix: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run the churn (under ``prefix``, e.g. setpriv); loadgen's figures."""
+    command = [
+        *(prefix or []),
+        *churn_command(loadgen, sock, garbage_file, processes, connections, seconds),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, timeout=seconds + 60
+    )
+    if done.returncode != 0:
+        raise BenchError(f"the churn failed: {done.stderr.strip()}")
+    figures: dict[str, Any] = json.loads(done.stdout)
+    return figures
+
+
 def _cpu_or_none(pid: int | None) -> float | None:
     if pid is None:
         return None

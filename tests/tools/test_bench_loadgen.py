@@ -125,3 +125,19 @@ def test_nobody_listening_is_refused_not_fatal(
     accounted(figures)
     assert figures["sent"] == 0 and figures["refused"] > 0
     assert figures["never_answered"] == 2
+
+
+def test_churn_makes_its_connections_and_counts_refusals(
+    binaries: tuple[Path, Path], request_file: Path, tmp_path: Path
+) -> None:
+    loadgen, responder = binaries
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(0xD0, 0xF8)))
+    with load.c_responder(responder, tmp_path) as (sock, _pid):
+        done = load.churn(loadgen, sock, garbage, processes=2, connections=300)
+    assert done["connections"] == 600 and done["sent"] == 600  # 2 x 300
+    assert done["refused"] == 0
+    done = load.churn(
+        loadgen, str(tmp_path / "none.sock"), garbage, processes=1, connections=5, seconds=0.2
+    )
+    assert done["connections"] == 0 and done["refused"] > 0
