@@ -39,6 +39,8 @@ from tests.bench.common import (
     verdict,
     write_results,
 )
+from tests.bench.first_resolution import c_support
+from tests.bench.servers import exchange_once, resolve_request, sim_cluster
 
 DEFAULT_ROUNDS = 3
 """Churning processes at once."""
@@ -165,10 +167,16 @@ def churn_one(
     return figures
 
 
-def run(work: Path, churners: int, connections: int, uid_name: str = "nobody") -> dict[str, Any]:
+def run(churners: int, connections: int, uid_name: str = "nobody") -> dict[str, Any]:
     """Measure ours and C ibacm (when it can run); figures and the target's verdicts."""
-    from tests.bench.first_resolution import c_support
-    from tests.bench.throughput import exchange_once, resolve_request, sim_cluster
+    with tempfile.TemporaryDirectory(prefix="ibacm-churn-") as tmp:
+        # Its own directory, open to the other uid (a caller's may sit in a private one).
+        work = Path(tmp)
+        work.chmod(0o755)
+        return _run(work, churners, connections, uid_name)
+
+
+def _run(work: Path, churners: int, connections: int, uid_name: str) -> dict[str, Any]:
 
     reason = check_support(uid_name)
     if reason is not None:
@@ -177,7 +185,6 @@ def run(work: Path, churners: int, connections: int, uid_name: str = "nobody") -
             "skipped": reason,
             "targets": {"churn_ib_acme_within_1s": f"not measured: {reason}"},
         }
-    work.chmod(0o755)  # the other uid must reach the sockets and the load generator
     loadgen, _responder = load.build(work)
     garbage = work / "garbage.bin"
     garbage.write_bytes(GARBAGE)
@@ -205,27 +212,27 @@ def run(work: Path, churners: int, connections: int, uid_name: str = "nobody") -
             )
             _print(who, results[who])
     targets = {}
-    for who in ("ibacm", "c_ibacm"):
-        if who not in results:
-            continue
-        during = results[who]["during_churn"]
-        ok = (
-            during["failed"] == 0
-            and during["max_s"] is not None
-            and during["max_s"] <= TARGET_MAX_S
-        )
-        name = f"churn_{who}_ib_acme_within_{TARGET_MAX_S:g}s"
-        targets[name] = (
-            f"{verdict(ok)}: {during['runs']} ib_acme runs, {during['failed']} failed, "
-            f"max {during['max_s']} s, p99 {during['p99_s']} s (baseline max "
-            f"{results[who]['baseline']['max_s']} s); log +{results[who]['log_lines_during_churn']}"
-            f" lines"
-        )
-        if who == "c_ibacm":
-            targets[name] = targets[name].replace(verdict(ok), f"C ibacm {verdict(ok)}", 1)
+    name = f"churn_ib_acme_within_{TARGET_MAX_S:g}s"
+    if "ibacm" in results:
+        during = results["ibacm"]["during_churn"]
+        worst = during["max_s"]
+        ok = during["failed"] == 0 and worst is not None and worst <= TARGET_MAX_S
+        text = f"{verdict(ok)}: {_summary(results['ibacm'])}"
+        if "c_ibacm" in results:
+            text += f"; C ibacm: {_summary(results['c_ibacm'])}"
+        targets[name] = text
     for target, text in targets.items():
         print(f"target {target}: {text}")
     return {**results, "targets": targets}
+
+
+def _summary(figures: dict[str, Any]) -> str:
+    during = figures["during_churn"]
+    return (
+        f"{during['runs']} ib_acme runs, {during['failed']} failed, max {during['max_s']} s, "
+        f"p99 {during['p99_s']} s (without churn max {figures['baseline']['max_s']} s), "
+        f"log +{figures['log_lines_during_churn']} lines"
+    )
 
 
 def _print(who: str, figures: dict[str, Any]) -> None:
@@ -248,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uid", default="nobody", help="the user that churns")
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    with tempfile.TemporaryDirectory(prefix="ibacm-bench-") as tmp:
-        figures = run(Path(tmp), args.churners, args.connections, args.uid)
+    figures = run(args.churners, args.connections, args.uid)
     write_results("churn", figures)
     return 0 if "skipped" not in figures else 1
 

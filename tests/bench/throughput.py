@@ -38,27 +38,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import pstats
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ibacm.wire.client import AcmHdr, AcmMessage, AcmOp, AddrType, EpAddr, EpFlag
-from tests.bench import first_resolution, load, plots
+from ibacm.wire.client import AddrType
+from tests.bench import churn, daemon_time, first_resolution, load, plots
 from tests.bench.common import (
     RESULTS_DIR,
-    VENV_BIN,
     BenchError,
-    bench_env,
     exit_on_sigterm,
     parse_variants,
     proc_rss_mb,
@@ -66,6 +60,14 @@ from tests.bench.common import (
     variant_env,
     verdict,
     write_results,
+)
+from tests.bench.servers import (
+    LOOPS,
+    Cluster,
+    exchange_once,
+    noop_loop,
+    resolve_request,
+    sim_cluster,
 )
 
 C_NODE = "node3"
@@ -77,32 +79,6 @@ TARGET_64_C = 0.7  # x C ibacm's requests per second
 TARGET_64_LOOP = 0.9  # x the no-work loop's
 TARGET_P99_1024_US = 500_000
 TARGET_PIPELINE_CPU = 2.0  # x the no-work loop's CPU per request
-LOOPS = {"noop_loop": "thread", "noop_task_loop": "task"}
-"""The no-work loops and their ``trio_floor --kind``; the first is "the no-work loop"."""
-
-
-def resolve_request(source: str = "node1", dest: str = "node2") -> bytes:
-    """The bytes of ``ib_acme -f n -s SOURCE -d DEST`` (160 bytes)."""
-    message = AcmMessage(
-        hdr=AcmHdr(opcode=AcmOp.RESOLVE),
-        entries=[EpAddr.from_name(source, EpFlag.SOURCE), EpAddr.from_name(dest, EpFlag.DEST)],
-    )
-    return message.encode()
-
-
-def exchange_once(path: str, request: bytes, timeout: float = 10.0) -> bytes:
-    """Send one request and read its whole reply (used to fill the cache)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(request)
-        reply = b""
-        while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
-            chunk = sock.recv(592)
-            if not chunk:
-                raise BenchError(f"{path} closed the connection before answering")
-            reply += chunk
-    return reply
 
 
 @dataclass(frozen=True)
@@ -242,84 +218,6 @@ def _print_point(who: str, point: Point, figures: dict[str, Any]) -> None:
         f"  load {figures['loadavg']:.2f}  {figures['outcome']}",
         flush=True,
     )
-
-
-@contextlib.contextmanager
-def noop_loop(work: Path, kind: str) -> Iterator[tuple[str, int]]:
-    """``trio_floor.py --kind KIND``: the C responder's job in Python."""
-    path = str(work / f"noop-{kind}.sock")
-    command = [sys.executable, "-m", "tests.bench.trio_floor", path, "--kind", kind]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=bench_env())
-    try:
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            raise BenchError(f"the no-work loop ({kind}) did not start")
-        yield path, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def _daemon_cmd(profile_out: Path | None) -> str:
-    if profile_out is None:
-        return str(VENV_BIN / "ibacm")
-    return f"{VENV_BIN / 'python'} -m tests.bench.profiled_daemon {profile_out}"
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """A simulated cluster ``ibacm-sim up`` made in ``dir``."""
-
-    dir: Path
-    env: dict[str, str]
-
-    def sock(self, node: str) -> str:
-        return str(self.dir / node / "ibacm-unix.sock")
-
-    def pid(self, node: str) -> int:
-        return int(json.loads((self.dir / "pids.json").read_text())["nodes"][node])
-
-    def restart(self, node: str) -> int:
-        """``ibacm-sim restart`` of a node whose daemon died; its new pid."""
-        command = [str(VENV_BIN / "ibacm-sim"), "restart", "--dir", str(self.dir), node]
-        done = subprocess.run(command, capture_output=True, text=True, env=self.env, check=False)
-        if done.returncode != 0:
-            raise BenchError(f"ibacm-sim restart {node} failed:\n{done.stdout}{done.stderr}")
-        return self.pid(node)
-
-
-@contextlib.contextmanager
-def sim_cluster(
-    work: Path,
-    profile_out: Path | None,
-    c_nodes: list[str],
-    env: dict[str, str] | None = None,
-    nodes: int = 3,
-    log_level: int | None = 0,
-) -> Iterator[Cluster]:
-    """A simulated cluster of real daemons: ours, and rdma-core's C daemon on ``c_nodes``.
-    ``env``: the daemons' environment (``bench_env()`` by default); ``log_level`` None: the
-    default one."""
-    sim_dir = work / "sim"
-    env = bench_env() if env is None else env
-    up = [str(VENV_BIN / "ibacm-sim"), "up", "--dir", str(sim_dir)]
-    if log_level is not None:
-        up += ["--log-level", str(log_level)]
-    up += ["--nodes", str(nodes), "--daemon-cmd", _daemon_cmd(profile_out)]
-    if c_nodes:
-        up += ["--c-ibacm", ",".join(c_nodes)]
-    done = subprocess.run(up, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise BenchError(f"ibacm-sim up failed:\n{done.stdout}{done.stderr}")
-    try:
-        yield Cluster(sim_dir, env)
-    finally:
-        subprocess.run(
-            [str(VENV_BIN / "ibacm-sim"), "down", "--dir", str(sim_dir)],
-            capture_output=True,
-            env=env,
-            check=False,
-        )
 
 
 def _sim_server(cluster: Cluster, name: str, node: str, request: bytes) -> Server:
@@ -513,6 +411,15 @@ def _us(value: float) -> str:
     return f"{value / 1000:.1f} ms" if value >= 10_000 else f"{value:.0f} us"
 
 
+def _part(name: str, measure_it: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A later part of the run; its failure is reported, not fatal to the figures so far."""
+    try:
+        return measure_it()
+    except BenchError as exc:
+        print(f"{name} not measured: {exc}")
+        return {"error": str(exc), "targets": {name.replace(" ", "_"): f"not measured: {exc}"}}
+
+
 def _counts(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -552,22 +459,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ibacm-bench-") as tmp:
         work = Path(tmp)
         results = measure(work, points, args.seconds, args.profile, args.rounds, c_reason is None)
-        first = None
-        if args.first_targets > 0 and c_reason is None and not args.profile:
-            (work / "first").mkdir()
-            first = first_resolution.run(work / "first", args.first_targets, ["acm", "sa"])
-        own_time = None
-        if args.trace_resolutions > 0 and c_reason is None and not args.profile:
-            from tests.bench import daemon_time
-
-            (work / "trace").mkdir()
-            own_time = daemon_time.run(work / "trace", args.trace_resolutions)
-        churned = None
+        first = own_time = churned = None
+        if c_reason is None and not args.profile:
+            if args.first_targets > 0:
+                (work / "first").mkdir()
+                first = _part(
+                    "first resolution",
+                    lambda: first_resolution.run(work / "first", args.first_targets, ["acm", "sa"]),
+                )
+            if args.trace_resolutions > 0:
+                (work / "trace").mkdir()
+                own_time = _part(
+                    "daemon time", lambda: daemon_time.run(work / "trace", args.trace_resolutions)
+                )
         if args.churn and not args.profile:
-            from tests.bench import churn
-
-            (work / "churn").mkdir()
-            churned = churn.run(work / "churn", churn.DEFAULT_ROUNDS, churn.DEFAULT_CONNECTIONS)
+            churned = _part(
+                "churn", lambda: churn.run(churn.DEFAULT_ROUNDS, churn.DEFAULT_CONNECTIONS)
+            )
     targets = targets_of(results)
     for part in (first, own_time, churned):
         if part is not None:

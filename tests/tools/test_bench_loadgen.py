@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.bench import load
-from tests.bench.throughput import resolve_request
+from tests.bench.servers import resolve_request
 from tests.conftest import require_peer
 
 
