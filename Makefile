@@ -3,7 +3,7 @@
 PYTHON ?= .venv/bin/python
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-storm bench-scale bench-startup soak fuzz fuzz-live
+.PHONY: test demo sim-scale bench bench-deps bench-throughput bench-churn bench-storm bench-scale bench-startup soak fuzz fuzz-live
 
 test:
 	bash scripts/test.sh
@@ -24,8 +24,14 @@ bench: bench-startup bench-throughput bench-storm
 bench-deps:
 	-$(PYTHON) -m pip install -q -e '.[bench]'
 
+# All servers over one-shot connections, cached RESOLVEs (1..4096 clients) and pipelining,
+# the uncached first resolution with the daemons' own time (strace), and the churn (root).
 bench-throughput: bench-deps
-	$(PYTHON) -m tests.bench.throughput
+	$(PYTHON) -m tests.bench.throughput --churn
+
+# Root's real ib_acme while another uid churns 3 x 6000 malformed connections (needs root).
+bench-churn:
+	$(PYTHON) -m tests.bench.churn
 
 bench-storm: bench-deps
 	$(PYTHON) -m tests.bench.storm

@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  pkgs="ibacm libibverbs-dev tmux ibsim-utils opensm infiniband-diags libibumad-dev python3-pyverbs tshark librdmacm-dev rdma-core debhelper dpkg-dev logrotate rpm man-db groff-base iproute2 systemd gcc zsh bash-completion"
+  pkgs="ibacm libibverbs-dev strace tmux ibsim-utils opensm infiniband-diags libibumad-dev python3-pyverbs tshark librdmacm-dev rdma-core debhelper dpkg-dev logrotate rpm man-db groff-base iproute2 systemd gcc zsh bash-completion"
   missing=""
   for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
   if [ -n "$missing" ]; then

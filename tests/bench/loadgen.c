@@ -1,22 +1,38 @@
 /*
- * Closed-loop load generator for the RESOLVE throughput benchmark. Each of CLIENTS unix-socket
- * connections sends one request, waits for the whole reply (its length is in the header),
- * records the round trip and sends the next. Connections are spread over PROCS processes,
- * each driving its share with epoll, so the client side costs little CPU per request.
+ * Load generator of the client-socket benchmarks (throughput.py). CLIENTS unix-socket clients,
+ * spread over PROCS processes that each drive their share with epoll, in one of three modes:
  *
- *   loadgen SOCKET REQUEST_FILE CLIENTS SECONDS WARMUP PROCS
+ *   closed    (default) each client keeps one connection and one request in flight: send,
+ *             read the whole reply (its length is in the header), send the next;
+ *   oneshot   what ib_acme does: connect, send one request, read the whole reply, close,
+ *             repeat; the latency is connect -> whole reply;
+ *   pipeline  each connection keeps DEPTH requests in flight: DEPTH at once, then one more
+ *             per reply;
+ *   churn     connect, send REQUEST_FILE's bytes (garbage, say), close at once without reading,
+ *             COUNT connections in all (-n), each process a blocking loop: what a client flooding
+ *             the daemon with malformed one-shot connections does. No latency is measured.
  *
- * Prints one JSON object: requests and errors counted in the measured window (after WARMUP
- * seconds), requests per second, and latency percentiles in microseconds.
+ *   loadgen [-m MODE] [-k DEPTH] [-n COUNT] [-p PROCS] [-w WARMUP] [-g GRACE] SOCKET
+ *           REQUEST_FILE CLIENTS SECONDS
+ *
+ * Nothing a server does stops the run: a refused connect (nobody listens: the server died),
+ * a full backlog (retried after 1 ms), a reset or a hang-up (the requests in flight are lost,
+ * the client connects again), a reply with a bad header or a non-zero status: each is counted.
+ * After SECONDS (following WARMUP) no new request is sent and the run waits up to GRACE seconds
+ * for the replies still owed. Prints one JSON object: every request accounted (sent = answered
+ * + lost on reset + unanswered at the end), the clients that never got an answer, and over the
+ * measured window the replies per second and latency percentiles in microseconds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -24,22 +40,36 @@
 #include <unistd.h>
 
 #define MSG_MAX 592
+#define BUF_CAP 4096
 #define MAX_PROCS 64
+#define MAX_DEPTH 256
+#define RETRY_NS 1000000ull
+
+enum mode { CLOSED, ONESHOT, PIPELINE, CHURN };
 
 struct client {
-	int fd;
+	int fd;			/* -1: not connected */
+	uint64_t retry_at;	/* when to try connecting again */
+	uint64_t connect_at;	/* one-shot: when this connection was started */
+	unsigned in_flight;	/* requests sent and not answered on this connection */
+	unsigned head;		/* ring of send times, oldest first */
+	uint64_t answered;
 	size_t got;
-	uint64_t sent_at;
-	unsigned char buf[MSG_MAX];
+	uint64_t sent_at[MAX_DEPTH];
+	unsigned char buf[BUF_CAP];
 };
 
-struct result {
-	uint64_t requests, errors, count;
-	uint64_t *lat;
+/* What a worker sends its parent, then `count` latencies. */
+struct tally {
+	uint64_t sent, answered, errors, lost, unanswered, resets, refused, backlog_full;
+	uint64_t connections, never_answered, send_failed, count;
 };
 
 static unsigned char request[MSG_MAX];
 static size_t request_len;
+static enum mode mode = CLOSED;
+static unsigned depth = 1;
+static struct sockaddr_un addr = { .sun_family = AF_UNIX };
 
 static uint64_t now_ns(void)
 {
@@ -48,27 +78,7 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int connect_unix(const char *path)
-{
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	strncpy(addr.sun_path, path, sizeof(addr.sun_path) - 1);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
-		perror("connect");
-		exit(1);
-	}
-	fcntl(fd, F_SETFL, O_NONBLOCK);
-	return fd;
-}
-
-static int send_request(struct client *c)
-{
-	c->got = 0;
-	c->sent_at = now_ns();
-	ssize_t n = send(c->fd, request, request_len, MSG_NOSIGNAL);
-	return n == (ssize_t)request_len ? 0 : -1;
-}
-
+/* The reply length: host order (little-endian) for opcode 0x01, big-endian otherwise. */
 static unsigned reply_length(const unsigned char *hdr)
 {
 	if ((hdr[1] & 0x0f) == 0x01)
@@ -76,60 +86,234 @@ static unsigned reply_length(const unsigned char *hdr)
 	return (hdr[6] << 8) | hdr[7];
 }
 
-/* Drive `count` connections until `end`; latencies of replies after `measure_from`. */
-static void run_share(const char *path, int count, uint64_t start, uint64_t measure_from,
-		      uint64_t end, struct result *res)
+static void drop(struct client *c, struct tally *t, uint64_t now)
+{
+	t->lost += c->in_flight;
+	c->in_flight = 0;
+	c->head = 0;
+	c->got = 0;
+	close(c->fd);
+	c->fd = -1;
+	c->retry_at = now;
+}
+
+/* Connect without blocking: 1 connected, 0 try later (counted), -1 fatal. */
+static int try_connect(struct client *c, int ep, struct tally *t, uint64_t now)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		perror("loadgen: socket");
+		return -1;
+	}
+	c->connect_at = now;
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+		int err = errno;
+		close(fd);
+		c->retry_at = now + RETRY_NS;
+		if (err == EAGAIN)
+			t->backlog_full++;
+		else
+			t->refused++; /* ECONNREFUSED, ENOENT: nobody listens */
+		return 0;
+	}
+	c->fd = fd;
+	t->connections++;
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+	return 1;
+}
+
+static int send_one(struct client *c, struct tally *t, uint64_t now)
+{
+	ssize_t n = send(c->fd, request, request_len, MSG_NOSIGNAL);
+	if (n != (ssize_t)request_len) {
+		/* A reset, or a full socket buffer: either way this connection is done. */
+		if (n < 0 && errno != EAGAIN)
+			t->resets++;
+		else
+			t->send_failed++;
+		return -1;
+	}
+	t->sent++;
+	c->sent_at[(c->head + c->in_flight) % MAX_DEPTH] = now;
+	c->in_flight++;
+	return 0;
+}
+
+/* Send until the connection holds its share of requests in flight. */
+static int fill(struct client *c, struct tally *t, uint64_t now)
+{
+	unsigned want = mode == PIPELINE ? depth : 1;
+	while (c->in_flight < want)
+		if (send_one(c, t, now))
+			return -1;
+	return 0;
+}
+
+static void record(struct tally *t, uint64_t **lat, size_t *cap, uint64_t value)
+{
+	if (t->count == *cap) {
+		*cap *= 2;
+		*lat = realloc(*lat, *cap * sizeof(uint64_t));
+		if (!*lat) {
+			perror("loadgen: realloc");
+			exit(1);
+		}
+	}
+	(*lat)[t->count++] = value;
+}
+
+/* Drive `count` clients: start at `start`, measure from `measure_from`, stop sending at
+ * `end`, wait for the replies owed until `end + grace`. */
+static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t end,
+		      uint64_t grace, struct tally *t, uint64_t **lat)
 {
 	struct client *clients = calloc((size_t)count, sizeof(*clients));
 	size_t cap = 1 << 16;
-	res->lat = malloc(cap * sizeof(uint64_t));
+	*lat = malloc(cap * sizeof(uint64_t));
 	int ep = epoll_create1(EPOLL_CLOEXEC);
+	if (!clients || !*lat || ep < 0) {
+		perror("loadgen: setup");
+		exit(1);
+	}
 	for (int i = 0; i < count; i++) {
-		clients[i].fd = connect_unix(path);
-		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &clients[i] };
-		epoll_ctl(ep, EPOLL_CTL_ADD, clients[i].fd, &ev);
+		clients[i].fd = -1;
+		clients[i].retry_at = start;
 	}
 	while (now_ns() < start)
 		usleep(100);
-	for (int i = 0; i < count; i++)
-		if (send_request(&clients[i]))
-			res->errors++;
 	struct epoll_event events[256];
+	int waiting = count; /* clients not connected */
 	for (;;) {
-		uint64_t t = now_ns();
-		if (t >= end)
-			break;
-		int n = epoll_wait(ep, events, 256, (int)((end - t) / 1000000 + 1));
+		uint64_t now = now_ns();
+		int sending = now < end;
+		if (!sending) {
+			uint64_t owed = 0;
+			for (int i = 0; i < count; i++)
+				owed += clients[i].in_flight;
+			if (!owed || now >= end + grace)
+				break;
+		}
+		if (sending && waiting) {
+			waiting = 0;
+			for (int i = 0; i < count; i++) {
+				struct client *c = &clients[i];
+				if (c->fd >= 0)
+					continue;
+				if (c->retry_at > now || try_connect(c, ep, t, now) == 0) {
+					waiting++;
+					continue;
+				}
+				if (c->fd < 0)
+					exit(1);
+				if (fill(c, t, now)) {
+					drop(c, t, now);
+					waiting++;
+				}
+			}
+		}
+		int timeout = waiting ? 1 : 20;
+		int n = epoll_wait(ep, events, 256, timeout);
 		for (int i = 0; i < n; i++) {
 			struct client *c = events[i].data.ptr;
-			ssize_t r = recv(c->fd, c->buf + c->got, MSG_MAX - c->got, 0);
-			if (r < 0 && errno == EAGAIN)
-				continue;
-			if (r <= 0) {
-				fprintf(stderr, "loadgen: server closed a connection\n");
-				exit(1);
-			}
-			c->got += (size_t)r;
-			if (c->got < 16 || c->got < reply_length(c->buf))
+			ssize_t r = recv(c->fd, c->buf + c->got, BUF_CAP - c->got, 0);
+			if (r < 0 && (errno == EAGAIN || errno == EINTR))
 				continue;
 			uint64_t done = now_ns();
-			if (c->got != reply_length(c->buf) || c->buf[2] != 0)
-				res->errors++;
-			if (c->sent_at >= measure_from && done < end) {
-				res->requests++;
-				if (res->count == cap) {
-					cap *= 2;
-					res->lat = realloc(res->lat, cap * sizeof(uint64_t));
-				}
-				res->lat[res->count++] = done - c->sent_at;
+			if (r <= 0) {
+				t->resets++; /* a hang-up or a reset by the server */
+				drop(c, t, done);
+				waiting++;
+				continue;
 			}
-			if (send_request(c))
-				res->errors++;
+			c->got += (size_t)r;
+			size_t off = 0;
+			int bad = 0;
+			while (c->got - off >= 8) {
+				unsigned len = reply_length(c->buf + off);
+				if (len < 16 || len > MSG_MAX || !c->in_flight) {
+					bad = 1;
+					break;
+				}
+				if (c->got - off < len)
+					break;
+				uint64_t from = mode == ONESHOT ? c->connect_at : c->sent_at[c->head];
+				c->head = (c->head + 1) % MAX_DEPTH;
+				c->in_flight--;
+				t->answered++;
+				c->answered++;
+				if (c->buf[off + 2] != 0)
+					t->errors++;
+				if (from >= measure_from && done < end)
+					record(t, lat, &cap, done - from);
+				off += len;
+			}
+			memmove(c->buf, c->buf + off, c->got - off);
+			c->got -= off;
+			if (bad) {
+				t->errors++;
+				t->resets++;
+				drop(c, t, done);
+				waiting++;
+				continue;
+			}
+			if (mode == ONESHOT && !c->in_flight) {
+				epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+				close(c->fd);
+				c->fd = -1;
+				c->got = 0;
+				c->retry_at = done;
+				waiting++;
+				continue;
+			}
+			if (done < end && fill(c, t, done)) {
+				drop(c, t, done);
+				waiting++;
+			}
 		}
 	}
-	for (int i = 0; i < count; i++)
-		close(clients[i].fd);
+	for (int i = 0; i < count; i++) {
+		struct client *c = &clients[i];
+		t->unanswered += c->in_flight;
+		t->never_answered += c->answered == 0;
+		if (c->fd >= 0)
+			close(c->fd);
+	}
+	close(ep);
 	free(clients);
+}
+
+/* Churn: `count` connect-send-close rounds (or until `end`), blocking, counting failures. */
+static void run_churn(uint64_t count, uint64_t start, uint64_t end, struct tally *t,
+		      uint64_t **lat)
+{
+	*lat = malloc(sizeof(uint64_t));
+	while (now_ns() < start)
+		usleep(100);
+	while (t->connections < count && now_ns() < end) {
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0) {
+			perror("loadgen: socket");
+			exit(1);
+		}
+		if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+			if (errno == EAGAIN)
+				t->backlog_full++;
+			else
+				t->refused++;
+			close(fd);
+			usleep(100);
+			continue;
+		}
+		t->connections++;
+		if (send(fd, request, request_len, MSG_NOSIGNAL) == (ssize_t)request_len)
+			t->sent++;
+		else if (errno == EAGAIN)
+			t->send_failed++;
+		else
+			t->resets++;
+		close(fd);
+	}
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -172,30 +356,106 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
+/* Room for every client's socket: the soft limit up to the hard one (raised too if root). */
+static int raise_nofile(int per_proc)
+{
+	struct rlimit rl;
+	rlim_t want = (rlim_t)per_proc + 64;
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return -1;
+	if (rl.rlim_cur >= want)
+		return 0;
+	if (rl.rlim_max < want) {
+		struct rlimit up = { want, want };
+		if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+			return 0;
+		return -1;
+	}
+	rl.rlim_cur = want;
+	return setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+static void usage(const char *self)
+{
+	fprintf(stderr,
+		"usage: %s [-m closed|oneshot|pipeline|churn] [-k DEPTH] [-n COUNT (churn)] "
+		"[-p PROCS] [-w WARMUP] [-g GRACE] SOCKET REQUEST_FILE CLIENTS SECONDS\n", self);
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 7) {
-		fprintf(stderr, "usage: %s SOCKET REQUEST_FILE CLIENTS SECONDS WARMUP PROCS\n", argv[0]);
+	int procs = 1, opt;
+	long long total = 0;
+	double warmup = 0, grace = 2;
+	const char *mode_name = "closed";
+	while ((opt = getopt(argc, argv, "m:k:n:p:w:g:")) != -1) {
+		switch (opt) {
+		case 'm':
+			mode_name = optarg;
+			break;
+		case 'k':
+			depth = (unsigned)atoi(optarg);
+			break;
+		case 'n':
+			total = atoll(optarg);
+			break;
+		case 'p':
+			procs = atoi(optarg);
+			break;
+		case 'w':
+			warmup = atof(optarg);
+			break;
+		case 'g':
+			grace = atof(optarg);
+			break;
+		default:
+			usage(argv[0]);
+			return 2;
+		}
+	}
+	if (!strcmp(mode_name, "closed"))
+		mode = CLOSED;
+	else if (!strcmp(mode_name, "oneshot"))
+		mode = ONESHOT;
+	else if (!strcmp(mode_name, "pipeline"))
+		mode = PIPELINE;
+	else if (!strcmp(mode_name, "churn") && total > 0)
+		mode = CHURN;
+	else {
+		usage(argv[0]);
 		return 2;
 	}
-	const char *path = argv[1];
-	FILE *f = fopen(argv[2], "rb");
+	if (mode != PIPELINE)
+		depth = 1;
+	if (argc - optind != 4) {
+		usage(argv[0]);
+		return 2;
+	}
+	const char *path = argv[optind];
+	FILE *f = fopen(argv[optind + 1], "rb");
 	if (!f) {
-		perror(argv[2]);
+		perror(argv[optind + 1]);
 		return 1;
 	}
 	request_len = fread(request, 1, sizeof(request), f);
 	fclose(f);
-	int clients = atoi(argv[3]);
-	double seconds = atof(argv[4]), warmup = atof(argv[5]);
-	int procs = atoi(argv[6]);
-	if (clients < 1 || request_len < 16 || seconds <= 0 || procs < 1 || procs > MAX_PROCS) {
+	int clients = atoi(argv[optind + 2]);
+	double seconds = atof(argv[optind + 3]);
+	if (clients < 1 || request_len < 16 || seconds <= 0 || warmup < 0 || grace < 0 ||
+	    procs < 1 || procs > MAX_PROCS || depth < 1 || depth > MAX_DEPTH ||
+	    strlen(path) >= sizeof(addr.sun_path)) {
 		fprintf(stderr, "loadgen: bad arguments\n");
 		return 2;
 	}
+	strcpy(addr.sun_path, path);
 	if (procs > clients)
 		procs = clients;
-	uint64_t start = now_ns() + 300000000ull;
+	if (raise_nofile(clients / procs + 1)) {
+		fprintf(stderr, "loadgen: cannot open %d sockets per process (RLIMIT_NOFILE)\n",
+			clients / procs + 1);
+		return 1;
+	}
+	uint64_t start = now_ns() + 100000000ull;
 	uint64_t measure_from = start + (uint64_t)(warmup * 1e9);
 	uint64_t end = measure_from + (uint64_t)(seconds * 1e9);
 	int pipes[MAX_PROCS];
@@ -210,48 +470,68 @@ int main(int argc, char **argv)
 		pids[p] = fork();
 		if (pids[p] == 0) {
 			close(fds[0]);
-			struct result res = { 0 };
-			run_share(path, share, start, measure_from, end, &res);
-			uint64_t head[3] = { res.requests, res.errors, res.count };
-			if (write_all(fds[1], head, sizeof(head)) ||
-			    write_all(fds[1], res.lat, res.count * sizeof(uint64_t)))
+			struct tally t = { 0 };
+			uint64_t *lat;
+			if (mode == CHURN)
+				run_churn((uint64_t)(total / procs + (p < total % procs)), start,
+					  end, &t, &lat);
+			else
+				run_share(share, start, measure_from, end, (uint64_t)(grace * 1e9),
+					  &t, &lat);
+			if (write_all(fds[1], &t, sizeof(t)) ||
+			    write_all(fds[1], lat, t.count * sizeof(uint64_t)))
 				_exit(1);
 			_exit(0);
 		}
 		close(fds[1]);
 		pipes[p] = fds[0];
 	}
-	uint64_t requests = 0, errors = 0, count = 0;
+	struct tally sum = { 0 };
 	uint64_t *lat = NULL;
+	int failed = 0;
 	for (int p = 0; p < procs; p++) {
-		uint64_t head[3];
-		if (read_all(pipes[p], head, sizeof(head))) {
+		struct tally t;
+		if (read_all(pipes[p], &t, sizeof(t))) {
+			failed = 1;
+			close(pipes[p]);
+			continue;
+		}
+		lat = realloc(lat, (sum.count + t.count + 1) * sizeof(uint64_t));
+		if (!lat || read_all(pipes[p], lat + sum.count, t.count * sizeof(uint64_t))) {
 			fprintf(stderr, "loadgen: a worker failed\n");
 			return 1;
 		}
-		lat = realloc(lat, (count + head[2] + 1) * sizeof(uint64_t));
-		if (read_all(pipes[p], lat + count, head[2] * sizeof(uint64_t))) {
-			fprintf(stderr, "loadgen: a worker failed\n");
-			return 1;
-		}
-		requests += head[0];
-		errors += head[1];
-		count += head[2];
+		uint64_t *a = &sum.sent, *b = &t.sent;
+		for (size_t i = 0; i < sizeof(t) / sizeof(uint64_t); i++)
+			a[i] += b[i];
 		close(pipes[p]);
 	}
-	int failed = 0;
 	for (int p = 0; p < procs; p++) {
 		int status;
 		waitpid(pids[p], &status, 0);
 		failed |= !WIFEXITED(status) || WEXITSTATUS(status);
 	}
-	qsort(lat, count, sizeof(uint64_t), cmp_u64);
-	printf("{\"clients\": %d, \"procs\": %d, \"seconds\": %.3f, \"requests\": %llu, "
-	       "\"errors\": %llu, \"rps\": %.1f, \"p50_us\": %.2f, \"p90_us\": %.2f, "
+	if (failed) {
+		fprintf(stderr, "loadgen: a worker failed\n");
+		return 1;
+	}
+	qsort(lat, sum.count, sizeof(uint64_t), cmp_u64);
+	printf("{\"mode\": \"%s\", \"depth\": %u, \"clients\": %d, \"procs\": %d, "
+	       "\"seconds\": %.3f, \"warmup\": %.3f, \"sent\": %llu, \"answered\": %llu, "
+	       "\"errors\": %llu, \"lost_on_reset\": %llu, \"unanswered\": %llu, "
+	       "\"resets\": %llu, \"refused\": %llu, \"backlog_full\": %llu, "
+	       "\"send_failed\": %llu, \"connections\": %llu, \"never_answered\": %llu, "
+	       "\"requests\": %llu, \"rps\": %.1f, \"p50_us\": %.2f, \"p90_us\": %.2f, "
 	       "\"p99_us\": %.2f, \"p999_us\": %.2f, \"max_us\": %.2f}\n",
-	       clients, procs, seconds, (unsigned long long)requests, (unsigned long long)errors,
-	       (double)requests / seconds, pct(lat, count, 0.50), pct(lat, count, 0.90),
-	       pct(lat, count, 0.99), pct(lat, count, 0.999), count ? (double)lat[count - 1] / 1000.0 : 0);
+	       mode_name, depth, clients, procs, seconds, warmup, (unsigned long long)sum.sent,
+	       (unsigned long long)sum.answered, (unsigned long long)sum.errors,
+	       (unsigned long long)sum.lost, (unsigned long long)sum.unanswered,
+	       (unsigned long long)sum.resets, (unsigned long long)sum.refused,
+	       (unsigned long long)sum.backlog_full, (unsigned long long)sum.send_failed,
+	       (unsigned long long)sum.connections, (unsigned long long)sum.never_answered,
+	       (unsigned long long)sum.count, (double)sum.count / seconds,
+	       pct(lat, sum.count, 0.50), pct(lat, sum.count, 0.90), pct(lat, sum.count, 0.99),
+	       pct(lat, sum.count, 0.999), sum.count ? (double)lat[sum.count - 1] / 1000.0 : 0);
 	free(lat);
-	return failed;
+	return 0;
 }

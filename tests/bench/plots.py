@@ -21,10 +21,14 @@ from tests.bench.common import REPO_ROOT, RESULTS_DIR, as_written
 DOCS_IMG = REPO_ROOT / "docs" / "img"
 LABELS = {
     "c_responder": "C epoll responder (floor)",
-    "trio_floor": "trio server doing no work",
+    "noop_loop": "no-work loop, thread (the daemon's kind)",
+    "noop_task_loop": "no-work loop, trio task",
     "c_ibacm": "rdma-core C ibacm",
     "ibacm": "ibacm (ours)",
+    "ibacm_as_written": "ibacm, modules as written",
 }
+CPU_POINTS = ("oneshot_1", "oneshot_16", "pipeline_8", "pipeline_64")
+"""The throughput points whose server CPU per request (per connection, one-shot) is drawn."""
 
 
 def _pyplot() -> Any | None:
@@ -45,21 +49,55 @@ def throughput_plot(results: dict[str, Any], out: Path) -> Path | None:
     plt = _pyplot()
     if plt is None:
         return None
-    figure, (rps_axis, p50_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for server, label in LABELS.items():
-        points = results.get(server)
-        if not isinstance(points, dict):
-            continue
-        clients = sorted(int(count) for count in points)
-        rps_axis.plot(clients, [points[str(c)]["rps"] / 1000 for c in clients], "o-", label=label)
-        p50_axis.plot(clients, [points[str(c)]["p50_us"] for c in clients], "o-", label=label)
-    for axis, title in ((rps_axis, "cached RESOLVE, k requests/s"), (p50_axis, "p50 latency, µs")):
+    figure, (rps_axis, p99_axis, cpu_axis) = plt.subplots(1, 3, figsize=(15, 4.5))
+    points: dict[str, dict[str, Any]] = results.get("points", {})
+    drawn = [server for server in LABELS if isinstance(points.get(server), dict)]
+    for server in drawn:
+        cached = sorted(
+            int(key.split("_")[1]) for key in points[server] if key.startswith("cached_")
+        )
+        figures = [points[server][f"cached_{count}"] for count in cached]
+        label = LABELS[server]
+        # A point where the server did not answer everyone (or died) is drawn hollow.
+        rps_axis.plot(cached, [f["rps"] / 1000 for f in figures], "-", label=label)
+        p99_axis.plot(cached, [max(f["p99_us"], 1) for f in figures], "-", label=label)
+        for axis, values in (
+            (rps_axis, [f["rps"] / 1000 for f in figures]),
+            (p99_axis, [max(f["p99_us"], 1) for f in figures]),
+        ):
+            full = [
+                (c, v) for c, v, f in zip(cached, values, figures, strict=True) if f["answered_all"]
+            ]
+            short = [
+                (c, v)
+                for c, v, f in zip(cached, values, figures, strict=True)
+                if not f["answered_all"]
+            ]
+            color = axis.get_lines()[-1].get_color()
+            if full:
+                axis.plot(*zip(*full, strict=True), "o", color=color)
+            if short:
+                axis.plot(*zip(*short, strict=True), "o", color=color, fillstyle="none")
+    for axis, title in (
+        (rps_axis, "cached RESOLVE, k requests/s"),
+        (p99_axis, "cached RESOLVE, p99 latency, µs (hollow: not all answered)"),
+    ):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent clients")
-        axis.set_title(title)
+        axis.set_title(title, fontsize=9)
         axis.grid(True, alpha=0.3)
-    p50_axis.set_yscale("log")
-    rps_axis.legend(fontsize=8)
+    p99_axis.set_yscale("log")
+    width = 0.8 / max(len(drawn), 1)
+    for index, server in enumerate(drawn):
+        values = [(points[server].get(key) or {}).get("cpu_us_median") or 0 for key in CPU_POINTS]
+        offsets = [at + index * width for at in range(len(CPU_POINTS))]
+        cpu_axis.bar(offsets, values, width, label=LABELS[server])
+    cpu_axis.set_xticks([at + 0.4 - width / 2 for at in range(len(CPU_POINTS))])
+    cpu_axis.set_xticklabels(CPU_POINTS, fontsize=8)
+    cpu_axis.set_yscale("log")
+    cpu_axis.set_title("server CPU per request (one-shot: per connection), µs", fontsize=9)
+    cpu_axis.grid(True, axis="y", alpha=0.3)
+    rps_axis.legend(fontsize=7)
     figure.suptitle(f"Throughput ({results.get('when', '')}, {_machine(results)})", fontsize=9)
     return _save(plt, figure, out)
 

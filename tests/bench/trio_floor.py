@@ -1,22 +1,31 @@
-"""The floor of any trio server on this machine: the C responder's job done in Python.
+"""The no-work loops: the C responder's job done in Python, in the daemon's two I/O styles.
 
-    python -m tests.bench.trio_floor SOCKET_PATH
+    python -m tests.bench.trio_floor SOCKET_PATH [--kind thread|task]
 
-The daemon's I/O style: one task reads every connection (an epoll set waited on through
-``wait_readable``), one non-blocking ``os.read`` per readable connection per round, replies
-written with ``os.write`` at the end of the round; stream framing by the 8-byte header
-prefix, and a fixed 88-byte reply per RESOLVE: no decoding, no cache, no counters. What
-separates ibacm from this is the daemon's own work per request; what separates this from the
-C responder is the interpreter and trio. Prints "ready" once it listens; runs until SIGTERM/SIGINT.
+Both frame the stream by the 8-byte header prefix and answer each RESOLVE with a fixed 88-byte
+reply: no decoding, no cache, no counters. What separates ibacm from them is the daemon's own
+work per request; what separates them from the C responder is the interpreter and the loop.
+
+* ``thread`` (the default, "the no-work loop": the kind of the daemon's new client front end):
+  one epoll loop in a worker thread started by ``trio.to_thread.run_sync``; the listener is in
+  the same epoll set and a connection is accepted in the loop's own round; each readable
+  connection is read once per round and answered at once; the trio side cancels the loop
+  through a wake-up pipe in the set, and the thread never outlives its nursery.
+* ``task`` (the trio-task loop): one trio task reads every connection (an epoll set waited on
+  through ``wait_readable``), one non-blocking ``os.read`` per readable connection per round,
+  replies written at the end of the round; a second task accepts.
+
+Prints "ready" once it listens; runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import select
+import signal
 import socket
-import sys
 
 import trio
 
@@ -89,15 +98,90 @@ class Floor:
                     self.drop(fd)
 
 
-async def main(path: str) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(socket.SOMAXCONN)
-    listener.setblocking(False)
+class ThreadLoop:
+    """The no-work loop of the thread kind: everything in one epoll set, run by one thread."""
+
+    def __init__(self, listener: socket.socket, wake_fd: int) -> None:
+        self.listener = listener
+        self.wake_fd = wake_fd
+        self.floor = Floor()  # the connections and their buffers; its epoll set is the loop's
+        self.floor.epoll.register(listener.fileno(), select.EPOLLIN)
+        self.floor.epoll.register(wake_fd, select.EPOLLIN)
+
+    def run(self) -> None:
+        """Serve until the wake-up fd is readable (the trio side is being cancelled)."""
+        listen_fd = self.listener.fileno()
+        conns = self.floor.conns
+        try:
+            while True:
+                for fd, _ in self.floor.epoll.poll():
+                    if fd == self.wake_fd:
+                        return
+                    if fd == listen_fd:
+                        self._accept()
+                        continue
+                    self._serve(fd, conns)
+        finally:
+            for fd in list(conns):
+                self.floor.drop(fd)
+            self.floor.epoll.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # out of fds and the like: the client's connect stays pending
+            self.floor.add(conn)
+
+    def _serve(self, fd: int, conns: dict[int, tuple[socket.socket, bytearray]]) -> None:
+        if fd not in conns:
+            return
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.floor.drop(fd)
+            return
+        buffer = conns[fd][1]
+        buffer += data
+        answer = replies(buffer)
+        if answer:
+            try:
+                os.write(fd, answer)
+            except OSError:
+                self.floor.drop(fd)
+
+
+async def serve_in_thread(listener: socket.socket) -> None:
+    """The thread kind: the loop runs in a worker thread until this task is cancelled."""
+    wake_r, wake_w = os.pipe()
+    loop = ThreadLoop(listener, wake_r)
+
+    async def wake_on_cancel() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            os.write(wake_w, b"x")  # the thread leaves its round; run_sync then returns
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wake_on_cancel)
+            await trio.to_thread.run_sync(loop.run)  # waits for the thread, even when cancelled
+            nursery.cancel_scope.cancel()
+    finally:
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+async def serve_in_task(listener: socket.socket) -> None:
+    """The trio-task kind: one task reads and answers, another accepts."""
     floor = Floor()
-    print("ready", flush=True)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(floor.serve)
         while True:
@@ -109,6 +193,35 @@ async def main(path: str) -> None:
             floor.add(conn)
 
 
+KINDS = {"thread": serve_in_thread, "task": serve_in_task}
+
+
+async def main(path: str, kind: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(socket.SOMAXCONN)
+    listener.setblocking(False)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(KINDS[kind], listener)
+            print("ready", flush=True)
+    listener.close()
+    os.unlink(path)
+
+
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", help="the unix socket to listen on")
+    parser.add_argument("--kind", choices=sorted(KINDS), default="thread")
+    args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        trio.run(main, sys.argv[1])
+        trio.run(main, args.path, args.kind)
