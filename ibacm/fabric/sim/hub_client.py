@@ -154,7 +154,14 @@ class _Link:
         if self.pending_stats:
             data = hp.encode_json(FrameType.STAT, self.pending_stats) + data
             self.pending_stats = {}
-        async with self._send_lock:
+        lock = self._send_lock
+        try:
+            # A free lock is taken without a trip through the scheduler (``acquire`` yields
+            # even then): the frame (a MAD) goes out in the round that sends it.
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             # Shielded: a half-written frame would corrupt the stream for everyone.
             with trio.CancelScope(shield=True):
                 try:
@@ -163,6 +170,8 @@ class _Link:
                     self._mark_lost(f"hub connection failed: {exc}")
                     self.kick()
                     raise HubConnectionLost(self.lost or str(exc)) from exc
+        finally:
+            lock.release()
 
     def new_call(self) -> tuple[int, _Call]:
         call_id = self._next_id
