@@ -370,7 +370,8 @@ def debian_relations(package: str, specifiers: SpecifierSet) -> list[str]:
     """Debian dependency relations of a Python version specifier: ``>=0.19,<1`` gives
     ``python3-x (>= 0.19)`` and ``python3-x (<< 1)``; no bounds give the bare name."""
     relations = []
-    for spec in sorted(specifiers, key=str):
+    # Two dependents asking for the same bound would repeat it.
+    for spec in sorted({str(s): s for s in specifiers}.values(), key=str):
         operator = _DEBIAN_OPERATORS.get(spec.operator)
         if operator is None or "*" in spec.version:
             raise BundleError(f"{package}: {spec} has no Debian equivalent; use >=, <, ==")
