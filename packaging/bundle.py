@@ -61,7 +61,7 @@ class Compiled:
 
 
 COMPILED: Mapping[str, Compiled] = {
-    # Debian 12 has no python3-immutables (13 neither): bundled from its manylinux wheel,
+    # Debian 12 has no python3-immutables: bundled from its manylinux wheel,
     # which needs only libc. Under an interpreter the extension was not built for, immutables
     # falls back to its pure-Python Map (slower); the smoke test insists on the extension.
     "immutables": Compiled(extension="immutables._map"),
