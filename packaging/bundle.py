@@ -1,17 +1,21 @@
-"""Install ibacm with its pure-Python dependencies into a private library directory.
+"""Install ibacm with its Python dependencies into a private library directory.
 
 Distribution packages use this instead of ``pip install``: the dependencies a Debian release
 ships (trio, structlog, textual) are too old, and a package build must work offline. So the
 project itself is copied from the source tree (its ``.dist-info`` written from
 ``pyproject.toml``, so provider entry points work) and every runtime dependency is copied,
 file by file as its ``RECORD`` lists them, from the Python environment running this script.
+A dependency with compiled code must be in ``COMPILED``, which says whether it is bundled
+(built for the target interpreter) or left to a Debian package (a ``Depends``, written to
+the package's substvars as ``ibacm:Depends``); any other one is refused.
 Launchers for the console scripts run the system interpreter with the private directory
 first on ``sys.path``, located relative to the launcher, so an unpacked tree (``dpkg -x``)
 works as well as an installed one.
 
 Usage (as ``debian/rules`` runs it)::
 
-    python packaging/bundle.py --source . --root debian/ibacm-trio --extra metrics
+    python packaging/bundle.py --source . --root debian/ibacm-trio --extra metrics \
+        --substvars debian/ibacm-trio.substvars
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -34,12 +38,35 @@ from pathlib import Path, PurePosixPath
 try:
     from packaging.markers import Marker
     from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
 except ImportError:  # pragma: no cover - depends on the build environment
     sys.exit("bundle: error: the 'packaging' library is needed (pip install packaging)")
 
 BUNDLE_INSTALLER = "ibacm-bundle"
 MANIFEST_NAME = "BUNDLED"
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib")
+SUBSTVAR = "ibacm:Depends"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A runtime dependency with compiled code, and how the Debian package gets it."""
+
+    extension: str
+    """Its compiled module: the smoke test imports it with the target interpreter."""
+    debian: str | None = None
+    """The Debian package that provides it: left out of the bundle and made a ``Depends``
+    (with the project's version bounds). None: bundled with its compiled code, which must
+    be built for the target interpreter (the package is architecture-specific anyway)."""
+
+
+COMPILED: Mapping[str, Compiled] = {
+    # Debian 12 has no python3-immutables: bundled from its manylinux wheel,
+    # which needs only libc. Under an interpreter the extension was not built for, immutables
+    # falls back to its pure-Python Map (slower); the smoke test insists on the extension.
+    "immutables": Compiled(extension="immutables._map"),
+}
+"""Normalized distribution name -> how the package gets it; see README.md."""
 
 
 class BundleError(Exception):
@@ -143,11 +170,19 @@ def _applies(req: Requirement, extras: Iterable[str]) -> bool:
     return any(req.marker.evaluate({"extra": extra}) for extra in (*sorted(extras), ""))
 
 
-def resolve(requirements: Iterable[Requirement], project: str) -> dict[str, metadata.Distribution]:
+def resolve(
+    requirements: Iterable[Requirement],
+    project: str,
+    *,
+    system: Collection[str] = (),
+    specifiers: dict[str, SpecifierSet] | None = None,
+) -> dict[str, metadata.Distribution]:
     """Walk the requirement graph through the installed distributions (by normalized name).
 
     Raises ``BundleError`` when a requirement is missing or its installed version does not
-    satisfy the specifier, naming what requires it.
+    satisfy the specifier, naming what requires it. The requirements of a distribution in
+    ``system`` (one a Debian package provides) are not followed: its package brings them.
+    ``specifiers`` receives every distribution's combined version bounds.
     """
     resolved: dict[str, metadata.Distribution] = {}
     extras_of: dict[str, set[str]] = {}
@@ -160,11 +195,15 @@ def resolve(requirements: Iterable[Requirement], project: str) -> dict[str, meta
         if key == normalize(project):
             continue
         dist = _installed(req, wanted_by)
+        if specifiers is not None:
+            specifiers[key] = specifiers.get(key, SpecifierSet()) & req.specifier
         extras = extras_of.setdefault(key, set())
         if key in resolved and set(req.extras) <= extras:
             continue
         extras |= set(req.extras)
         resolved[key] = dist
+        if key in system:
+            continue
         for text in dist.requires or []:
             sub = Requirement(text)
             if _applies(sub, extras):
@@ -186,9 +225,12 @@ def _installed(req: Requirement, wanted_by: str) -> metadata.Distribution:
     return dist
 
 
-def dist_files(dist: metadata.Distribution) -> list[tuple[Path, PurePosixPath]]:
+def dist_files(
+    dist: metadata.Distribution, compiled: bool = False
+) -> list[tuple[Path, PurePosixPath]]:
     """(installed file, path relative to site-packages) of everything a dependency installed
-    under site-packages: scripts outside it and byte code are left out."""
+    under site-packages: scripts outside it and byte code are left out. Compiled code is
+    refused unless ``compiled`` (the dependency is bundled as ``COMPILED`` says)."""
     name = f"{dist.metadata['Name']} {dist.version}"
     if dist.files is None:
         raise BundleError(f"{name} has no RECORD; reinstall it with pip")
@@ -201,10 +243,11 @@ def dist_files(dist: metadata.Distribution) -> list[tuple[Path, PurePosixPath]]:
             continue
         if "__pycache__" in posix.parts or posix.suffix == ".pyc":
             continue
-        if posix.name.endswith(NATIVE_SUFFIXES):
+        if posix.name.endswith(NATIVE_SUFFIXES) and not compiled:
             raise BundleError(
                 f"{name} contains compiled code ({posix}); the package bundles "
-                "pure-Python distributions only"
+                "pure-Python distributions only, unless bundle.py's COMPILED table says "
+                "how to get it (bundled for the target interpreter, or a Debian package)"
             )
         installed = Path(str(dist.locate_file(rel)))
         if not installed.is_file():
@@ -295,17 +338,71 @@ def install_project(project: Project, source: Path, libdir: Path) -> list[str]:
     return [p.name for p in packages]
 
 
-def install_dependencies(resolved: Mapping[str, metadata.Distribution], libdir: Path) -> list[str]:
-    """Copy every resolved distribution; returns manifest lines ``name version license``."""
+def install_dependencies(
+    resolved: Mapping[str, metadata.Distribution],
+    libdir: Path,
+    compiled: Mapping[str, Compiled] = COMPILED,
+    specifiers: Mapping[str, SpecifierSet] | None = None,
+) -> list[str]:
+    """Copy every resolved distribution but those a Debian package provides; returns
+    manifest lines ``name version license``, or ``name (from Debian: relation)``."""
     manifest = []
     for key in sorted(resolved):
         dist = resolved[key]
-        for installed, rel in dist_files(dist):
+        how = compiled.get(key)
+        if how is not None and how.debian is not None:
+            wanted = (specifiers or {}).get(key, SpecifierSet())
+            relation = ", ".join(debian_relations(how.debian, wanted))
+            manifest.append(f"{dist.metadata['Name']} (not bundled: Debian's {relation})")
+            continue
+        for installed, rel in dist_files(dist, compiled=how is not None):
             target = libdir / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(installed, target)
         manifest.append(f"{dist.metadata['Name']} {dist.version} {dist_license(dist)}")
     return manifest
+
+
+_DEBIAN_OPERATORS = {">=": ">=", "<=": "<=", ">": ">>", "<": "<<", "==": "=", "===": "="}
+
+
+def debian_relations(package: str, specifiers: SpecifierSet) -> list[str]:
+    """Debian dependency relations of a Python version specifier: ``>=0.19,<1`` gives
+    ``python3-x (>= 0.19)`` and ``python3-x (<< 1)``; no bounds give the bare name."""
+    relations = []
+    # Two dependents asking for the same bound would repeat it.
+    for spec in sorted({str(s): s for s in specifiers}.values(), key=str):
+        operator = _DEBIAN_OPERATORS.get(spec.operator)
+        if operator is None or "*" in spec.version:
+            raise BundleError(f"{package}: {spec} has no Debian equivalent; use >=, <, ==")
+        relations.append(f"{package} ({operator} {spec.version})")
+    return relations or [package]
+
+
+def debian_depends(
+    resolved: Mapping[str, metadata.Distribution],
+    compiled: Mapping[str, Compiled] = COMPILED,
+    specifiers: Mapping[str, SpecifierSet] | None = None,
+) -> list[str]:
+    """The ``Depends`` relations of the resolved distributions Debian packages provide."""
+    relations = []
+    for key in sorted(resolved):
+        how = compiled.get(key)
+        if how is not None and how.debian is not None:
+            wanted = (specifiers or {}).get(key, SpecifierSet())
+            relations += debian_relations(how.debian, wanted)
+    return relations
+
+
+def write_substvars(path: Path, relations: Sequence[str]) -> None:
+    """Set ``ibacm:Depends`` in a debhelper substvars file, keeping its other lines."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        lines = []
+    kept = [line for line in lines if not line.startswith(f"{SUBSTVAR}=")]
+    kept.append(f"{SUBSTVAR}={', '.join(relations)}")
+    path.write_text("\n".join(kept) + "\n", encoding="utf-8")
 
 
 def dist_license(dist: metadata.Distribution) -> str:
@@ -373,18 +470,31 @@ class Layout:
         return self.root / path.relative_to("/")
 
 
-def build(source: Path, layout: Layout, extras: Sequence[str]) -> list[str]:
-    """Build the whole bundle under ``layout.root``; returns the manifest lines."""
+def build(
+    source: Path,
+    layout: Layout,
+    extras: Sequence[str],
+    compiled: Mapping[str, Compiled] = COMPILED,
+    substvars: Path | None = None,
+) -> list[str]:
+    """Build the whole bundle under ``layout.root``; returns the manifest lines. The
+    ``Depends`` on the Debian packages of ``compiled`` go to ``substvars``."""
     project = read_project(source)
-    resolved = resolve(project.requirements(extras), project.name)
+    system = {key for key, how in compiled.items() if how.debian is not None}
+    specifiers: dict[str, SpecifierSet] = {}
+    resolved = resolve(
+        project.requirements(extras), project.name, system=system, specifiers=specifiers
+    )
     libdir = layout.staged(layout.libdir)
     if libdir.exists():
         shutil.rmtree(libdir)
     libdir.mkdir(parents=True)
     install_project(project, source, libdir)
     manifest = [f"{project.name} {project.version} {project.license or 'UNKNOWN'}"]
-    manifest += install_dependencies(resolved, libdir)
+    manifest += install_dependencies(resolved, libdir, compiled, specifiers)
     (libdir / MANIFEST_NAME).write_text("\n".join(manifest) + "\n", encoding="utf-8")
+    if substvars is not None:
+        write_substvars(substvars, debian_depends(resolved, compiled, specifiers))
     for name, target in sorted(project.scripts.items()):
         bindir = layout.sbindir if name in layout.sbin_scripts else layout.bindir
         relative = os.path.relpath(layout.libdir, bindir)
@@ -393,13 +503,26 @@ def build(source: Path, layout: Layout, extras: Sequence[str]) -> list[str]:
 
 
 VERIFY = """\
-import sys
+import importlib, json, sys
+from importlib.machinery import EXTENSION_SUFFIXES
 from importlib.metadata import entry_points, version
 
-libdir, name, expected, groups = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+libdir, name, expected, checks = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+groups = sys.argv[5:]
 sys.path.insert(0, libdir)
 if version(name) != expected:
     sys.exit(f"{name} {version(name)} found instead of {expected}")
+for module_name, debian in json.loads(checks):
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        sys.exit(f"{module_name} cannot be imported ({debian or 'bundled'}): {exc}")
+    path = module.__file__ or ""
+    if debian and path.startswith(libdir):
+        sys.exit(f"{module_name} was imported from {path}, not from Debian's {debian}")
+    if not debian and not (path.startswith(libdir) and path.endswith(tuple(EXTENSION_SUFFIXES))):
+        sys.exit(f"{module_name} was imported from {path}, not as compiled code from {libdir}")
+    print(f"compiled: {module_name} = {path} ({debian or 'bundled'})")
 for group in groups:
     for ep in entry_points(group=group):
         if ep.dist is None or ep.dist.name != name:
@@ -412,9 +535,24 @@ for group in groups:
 """
 
 
-def verify(source: Path, layout: Layout) -> list[str]:
+def _compiled_checks(libdir: Path, compiled: Mapping[str, Compiled]) -> list[list[str]]:
+    """[compiled module, Debian package or ""] of the ``compiled`` entries the bundle's
+    manifest lists (the others are no dependency of this build)."""
+    try:
+        lines = (libdir / MANIFEST_NAME).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise BundleError(f"the bundle has no manifest: {exc}") from exc
+    listed = {normalize(line.split()[0]) for line in lines if line.strip()}
+    return [
+        [how.extension, how.debian or ""] for key, how in sorted(compiled.items()) if key in listed
+    ]
+
+
+def verify(source: Path, layout: Layout, compiled: Mapping[str, Compiled] = COMPILED) -> list[str]:
     """Import every console script and entry point of the staged bundle with the target
-    interpreter in isolated mode; returns what was loaded, raises ``BundleError``."""
+    interpreter in isolated mode, and each compiled dependency: a bundled one as compiled
+    code from the bundle, a Debian one from outside it. Returns what was loaded, raises
+    ``BundleError``."""
     project = read_project(source)
     for name in project.scripts:
         bindir = layout.sbindir if name in layout.sbin_scripts else layout.bindir
@@ -423,6 +561,7 @@ def verify(source: Path, layout: Layout) -> list[str]:
             raise BundleError(f"launcher {launcher} is missing or not executable")
     groups = ["console_scripts", *project.entry_points]
     libdir = str(layout.staged(layout.libdir).resolve())
+    checks = json.dumps(_compiled_checks(Path(libdir), compiled))
     command = [
         layout.python,
         "-I",
@@ -432,6 +571,7 @@ def verify(source: Path, layout: Layout) -> list[str]:
         libdir,
         project.name,
         project.version,
+        checks,
         *groups,
     ]
     try:
@@ -460,6 +600,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--extra", action="append", default=[], help="optional dependencies")
     parser.add_argument(
+        "--substvars",
+        type=Path,
+        default=None,
+        help=f"debhelper substvars file that receives {SUBSTVAR} (the Debian packages of "
+        "the compiled dependencies that are not bundled)",
+    )
+    parser.add_argument(
         "--verify-only",
         action="store_true",
         help="do not build: import every entry point of the staged bundle with --python",
@@ -480,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verify_only:
             lines = verify(args.source, layout)
         else:
-            lines = build(args.source, layout, args.extra)
+            lines = build(args.source, layout, args.extra, substvars=args.substvars)
     except BundleError as exc:
         print(f"bundle: error: {exc}", file=sys.stderr)
         return 1

@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from importlib import metadata
 from pathlib import Path, PurePosixPath
-from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
-from tests.conftest import REPO, require_peer
+from tests.conftest import REPO, require_file, require_peer
+from tests.packaging.bundle_module import BUNDLE_PY, bundle
 
-BUNDLE_PY = REPO / "packaging" / "bundle.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ibacm_packaging_bundle", BUNDLE_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
-
-
-bundle = _load()
+DEBIAN_DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
 
 
 def _layout(root: Path, python: str = sys.executable) -> object:
@@ -123,7 +111,11 @@ def test_bundle_holds_project_dependencies_and_manifest(built: tuple[Path, list[
     assert (lib / "tui" / "__init__.py").is_file()
     assert (lib / "trio" / "__init__.py").is_file()
     assert not list(lib.rglob("__pycache__"))
-    assert not list(lib.rglob("*.so"))
+    # Compiled code only from the dependencies COMPILED bundles: immutables' extension.
+    bundled = {how.extension for how in bundle.COMPILED.values() if how.debian is None}
+    assert bundled == {"immutables._map"}
+    found = {".".join(p.relative_to(lib).parts).split(".cpython-")[0] for p in lib.rglob("*.so")}
+    assert found == bundled
     names = [line.split()[0] for line in manifest]
     assert names[0] == "ibacm"
     assert "trio" in names and "textual" in names
@@ -233,3 +225,107 @@ def test_command_line_reports_errors_without_traceback(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("bundle: error: ibacm-no-such-dist (required by demo)")
     assert "Traceback" not in done.stderr
+
+
+def _compiled_files(dist: metadata.Distribution) -> list[str]:
+    return [str(f) for f in dist.files or [] if str(f).endswith(bundle.NATIVE_SUFFIXES)]
+
+
+def test_every_compiled_dependency_is_in_the_table_or_refused() -> None:
+    """A runtime dependency with compiled code either has a COMPILED entry (bundled for the
+    target interpreter, or a Debian package) or bundling it fails: it never slips in."""
+    project = bundle.read_project(REPO)
+    resolved = bundle.resolve(project.requirements(["metrics"]), project.name)
+    compiled = {key: dist for key, dist in resolved.items() if _compiled_files(dist)}
+    assert "immutables" in compiled
+    for key, dist in compiled.items():
+        if key in bundle.COMPILED:
+            bundle.dist_files(dist, compiled=True)
+        else:
+            with pytest.raises(bundle.BundleError, match="compiled code"):
+                bundle.dist_files(dist)
+    # Today every compiled dependency has an entry (else the package cannot be built), and
+    # no entry is stale: each names a dependency and, when bundled, its compiled module.
+    assert set(compiled) == set(bundle.COMPILED)
+    for key, how in bundle.COMPILED.items():
+        if how.debian is None:
+            stem = how.extension.replace(".", "/") + "."
+            assert any(f.startswith(stem) for f in _compiled_files(resolved[key])), how
+
+
+def test_debian_relations_of_version_specifiers() -> None:
+    relations = bundle.debian_relations
+    assert relations("python3-x", SpecifierSet(">=0.19")) == ["python3-x (>= 0.19)"]
+    assert relations("python3-x", SpecifierSet(">=0.19,<1")) == [
+        "python3-x (<< 1)",
+        "python3-x (>= 0.19)",
+    ]
+    assert relations("python3-x", SpecifierSet("==2.1")) == ["python3-x (= 2.1)"]
+    assert relations("python3-x", SpecifierSet()) == ["python3-x"]
+    for inexpressible in ("~=1.2", "!=1.0", "==1.*"):
+        with pytest.raises(bundle.BundleError, match="no Debian equivalent"):
+            relations("python3-x", SpecifierSet(inexpressible))
+
+
+def test_a_dependency_debian_provides_is_left_out_and_becomes_a_depends(tmp_path: Path) -> None:
+    """A table entry with a Debian package: not bundled, the manifest says so, its version
+    bounds become ``ibacm:Depends``, and Debian's python3 in isolated mode (-I, as the
+    launchers run it) imports it from dist-packages. Debian's python3-pygments stands in
+    (rich and textual need Pygments; that it is pure Python does not matter here)."""
+    python = require_peer("/usr/bin/python3")
+    require_file(DEBIAN_DIST_PACKAGES / "pygments" / "lexer.py")
+    table = {**bundle.COMPILED, "pygments": bundle.Compiled("pygments.lexer", "python3-pygments")}
+    substvars = tmp_path / "ibacm-trio.substvars"
+    substvars.write_text("misc:Depends=\nibacm:Depends=stale\n")
+    root = tmp_path / "root"
+    layout = _layout(root, python)
+    manifest = bundle.build(REPO, layout, ["metrics"], compiled=table, substvars=substvars)
+
+    lib = root / "usr" / "lib" / "ibacm"
+    assert not (lib / "pygments").exists()
+    assert not list(lib.glob("[pP]ygments-*"))
+    assert (lib / "rich" / "__init__.py").is_file()  # what needs it is still bundled
+    # Every bound of every dependent (rich and textual): textual's >= 2.19.2 is one reason
+    # why the package cannot use bookworm's 2.14.
+    wanted = SpecifierSet()
+    for dependent in ("rich", "textual"):
+        for text in metadata.distribution(dependent).requires or []:
+            if Requirement(text).name.lower() == "pygments":
+                wanted &= Requirement(text).specifier
+    depends = bundle.debian_relations("python3-pygments", wanted)
+    assert len(depends) == len(set(depends)) >= 2
+    assert substvars.read_text().splitlines() == [
+        "misc:Depends=",
+        f"ibacm:Depends={', '.join(depends)}",
+    ]
+    assert f"Pygments (not bundled: Debian's {', '.join(depends)})" in manifest
+    assert (lib / "BUNDLED").read_text().splitlines() == manifest
+
+    lines = bundle.verify(REPO, layout, table)
+    debian = str(DEBIAN_DIST_PACKAGES / "pygments" / "lexer.py")
+    assert f"compiled: pygments.lexer = {debian} (python3-pygments)" in lines
+    assert any(line.startswith("compiled: immutables._map = ") for line in lines)
+    assert "console_scripts: ibacm-tui = tui.app:main (function)" in lines  # rich works
+
+
+def test_verify_reports_a_debian_dependency_that_is_not_installed(tmp_path: Path) -> None:
+    python = require_peer("/usr/bin/python3")
+    table = {**bundle.COMPILED, "structlog": bundle.Compiled("structlog", "python3-structlog")}
+    installed = subprocess.run([python, "-I", "-c", "import structlog"], check=False)
+    if installed.returncode == 0:
+        table = {**bundle.COMPILED, "sniffio": bundle.Compiled("sniffio", "python3-no-sniffio")}
+    layout = _layout(tmp_path, python)
+    bundle.build(REPO, layout, [], compiled=table)
+    with pytest.raises(bundle.BundleError, match=r"cannot be imported \(python3-"):
+        bundle.verify(REPO, layout, table)
+
+
+def test_verify_insists_on_the_compiled_extension_of_a_bundled_dependency(tmp_path: Path) -> None:
+    """Without its extension immutables would run its pure-Python Map: the smoke test must
+    catch a bundle whose extension the target interpreter cannot load."""
+    layout = _layout(tmp_path)
+    bundle.build(REPO, layout, [])
+    for extension in (tmp_path / "usr/lib/ibacm/immutables").glob("_map.*.so"):
+        extension.unlink()
+    with pytest.raises(bundle.BundleError, match=r"immutables\._map cannot be imported"):
+        bundle.verify(REPO, layout)

@@ -14,6 +14,7 @@ import pytest
 from ibacm import compiled
 from ibacm.config.opts_template import render_opts_file
 from tests.conftest import REPO, require_file, require_peer
+from tests.packaging.bundle_module import bundle
 from tests.packaging.shells import bash_complete, zsh_complete
 
 pytestmark = pytest.mark.slow
@@ -137,6 +138,16 @@ def test_control_fields(deb: Path) -> None:
     depends = re.search(r"^Depends: (.*)$", fields, re.MULTILINE)
     assert depends is not None and "python3 (>= 3.11)" in depends.group(1)
     assert "libc6" in depends.group(1)  # the compiled modules' (dh_shlibdeps)
+    relations = [r.strip() for r in depends.group(1).split(",")]
+    # bundle.py's COMPILED table: a dependency from Debian is a Depends (with the project's
+    # bounds: ibacm:Depends), a bundled one is not (dh_shlibdeps covers its extension).
+    for key, how in bundle.COMPILED.items():
+        if how.debian is not None:
+            named = [r for r in relations if r.split()[0] == how.debian]
+            assert named, (how.debian, relations)
+            assert all(re.fullmatch(r"\S+ \((>=|<<|=) \S+\)", r) for r in named), named
+        else:
+            assert not [r for r in relations if r.split()[0] == f"python3-{key}"], relations
     # It replaces Debian's C ibacm, which installs the same paths.
     for relation in ("Conflicts", "Replaces", "Provides"):
         assert re.search(rf"^{relation}: ibacm$", fields, re.MULTILINE), relation
@@ -208,7 +219,8 @@ def test_installed_man_pages_render(unpacked: Path) -> None:
 def test_every_bundled_library_is_in_debian_copyright(unpacked: Path) -> None:
     manifest = (unpacked / "usr" / "share" / "doc" / "ibacm-trio" / "BUNDLED").read_text()
     copyright_text = (REPO / "packaging" / "debian" / "copyright").read_text()
-    names = [line.split()[0] for line in manifest.splitlines()]
+    # Dependencies taken from Debian packages are listed, but not shipped.
+    names = [line.split()[0] for line in manifest.splitlines() if "(not bundled" not in line]
     assert names[0] == "ibacm"
     for name in names[1:]:
         assert f" {name} (" in copyright_text, f"debian/copyright does not mention {name}"
@@ -271,3 +283,40 @@ def test_installed_completion_loads_in_bash_and_zsh(unpacked: Path, tmp_path: Pa
         assert zsh_complete(vendor, f"ibacm-admin --dir {cluster} --node ") == ["node1", "node2"]
     finally:
         run(sim, "down", "--dir", cluster, cwd="/", env=env)
+
+
+def test_unpacked_launcher_runs_bundled_compiled_code_and_sees_debian_packages(
+    unpacked: Path, tmp_path: Path
+) -> None:
+    """The launcher's interpreter line (``python3 -I``) keeps Debian's dist-packages on
+    sys.path after the private directory: a Debian package (python3-pyverbs, for the
+    hardware fabric) imports from there, the bundled libraries from the package, and
+    immutables runs its compiled Map, not the pure-Python fallback."""
+    require_peer("/usr/bin/python3")
+    pyverbs = require_file(Path("/usr/lib/python3/dist-packages/pyverbs/__init__.py"))
+    launcher = unpacked / "usr" / "sbin" / "ibacm"
+    interpreter = launcher.read_text().splitlines()[0].removeprefix("#!").split()
+    assert interpreter == ["/usr/bin/python3", "-I"]
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        f"""\
+import runpy, sys
+sys.argv = ["ibacm", "--version"]
+try:
+    runpy.run_path({str(launcher)!r}, run_name="__main__")
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+import ibacm, immutables, pyverbs
+print(ibacm.__file__, immutables.__file__, immutables.Map.__module__, pyverbs.__file__)
+"""
+    )
+    done = run(*interpreter, probe, cwd="/", env={"PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 0, done.stderr
+    first, loaded = done.stdout.splitlines()
+    assert first == f"ibacm {VERSION}"
+    ibacm_file, immutables_file, map_module, pyverbs_file = loaded.split()
+    lib = (unpacked / "usr" / "lib" / "ibacm").resolve()
+    assert Path(ibacm_file).resolve().is_relative_to(lib)
+    assert Path(immutables_file).resolve().is_relative_to(lib)
+    assert map_module == "immutables._map"
+    assert pyverbs_file == str(pyverbs)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
-from tests.conftest import REPO, require_peer
+from packaging.requirements import Requirement
+
+from tests.conftest import REPO, require_file, require_peer
+from tests.packaging.bundle_module import bundle
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
@@ -93,3 +98,38 @@ def test_rpm_makes_the_completion_scripts_at_build_time() -> None:
     assert "--bash-dir /" in install and "/usr/share/bash-completion/completions" in install
     assert "--zsh-dir /" in install and "/usr/share/zsh/site-functions" in install
     assert re.search(r"^BuildRequires:\s+python3-shtab$", spec, re.MULTILINE)
+
+
+def test_rpm_requires_every_runtime_dependency_through_rpms_python_generator(
+    tmp_path: Path,
+) -> None:
+    """The spec has no Requires of its own for Python libraries: rpm's dependency generator
+    reads them from the installed metadata (what %pyproject_install puts in sitelib). Run
+    that generator on the project's metadata: every dependency of pyproject.toml, with its
+    bounds, becomes a Requires, immutables >= 0.19 among them (Fedora's python3-immutables
+    provides python3.13dist(immutables))."""
+    generator = require_file(Path("/usr/lib/rpm/pythondistdeps.py"))
+    spec = SPEC.read_text()
+    for disabling in ("python_disable_dependency_generator", "AutoReq:", "__requires_exclude"):
+        assert disabling not in spec, disabling
+    sitelib = tmp_path / "usr" / "lib" / "python3.13" / "site-packages"
+    project = bundle.read_project(REPO)
+    bundle.install_project(project, REPO, sitelib)
+    (info,) = sitelib.glob("ibacm-*.dist-info")
+    done = subprocess.run(
+        [sys.executable, str(generator), "--requires"],
+        input=f"{info}\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    requires = set(done.stdout.splitlines())
+    assert "python3.13dist(immutables) >= 0.19" in requires
+    for text in PYPROJECT["project"]["dependencies"]:
+        req = Requirement(text)
+        for spec_item in req.specifier:
+            name = bundle.normalize(req.name)
+            wanted = f"python3.13dist({name}) {spec_item.operator} {spec_item.version}"
+            assert wanted in requires, (wanted, sorted(requires))
