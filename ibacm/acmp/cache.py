@@ -56,7 +56,7 @@ import trio
 
 from ibacm.acmp.routes import address_query
 from ibacm.log import get_logger
-from ibacm.provider.api import Hit, RouteTable
+from ibacm.provider.route_table import Hit, RouteTable
 
 if TYPE_CHECKING:
     from ibacm.fabric.api import AddressVector

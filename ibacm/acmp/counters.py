@@ -6,7 +6,8 @@ Counters are unbounded Python ints reported modulo 2**64 (C used 32-bit signed i
 
 from __future__ import annotations
 
-from ibacm.provider.api import Counter, Counters, RouteTable
+from ibacm.provider.api import Counter, Counters
+from ibacm.provider.route_table import RouteTable
 
 _RESOLVE = int(Counter.RESOLVE)
 _ROUTE_CACHE = int(Counter.ROUTE_CACHE)

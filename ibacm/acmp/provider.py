@@ -49,8 +49,8 @@ from ibacm.provider.api import (
     Provider,
     ResolveRequest,
     ResolveResult,
-    RouteTable,
 )
+from ibacm.provider.route_table import RouteTable
 from ibacm.wire.client import AcmStatus, AddrType, EpFlag
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord

@@ -44,6 +44,7 @@ MODULES = (
     "ibacm.wire.client",
     "ibacm.wire.acm_mad",
     "ibacm.wire.path_record",
+    "ibacm.provider.route_table",
     "ibacm.core.client_loop",
     "ibacm.core.hits",
     "ibacm.core.clients",

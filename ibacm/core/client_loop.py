@@ -125,6 +125,7 @@ class Connection:
     side holds it as an opaque handle and reads ``name`` and ``uid``, fixed at accept)."""
 
     __slots__ = (
+        "blocked",
         "closed",
         "events",
         "fd",
@@ -140,6 +141,7 @@ class Connection:
         "swept_requests",
         "uid",
         "unsent",
+        "unsent_bytes",
     )
 
     def __init__(self, sock: socket.socket, name: str, uid: int | None, now: float) -> None:
@@ -150,8 +152,10 @@ class Connection:
         self.framer = ClientFramer()
         self.owed: collections.deque[Slot] = collections.deque()
         """Replies not written yet, in request order (ready or still with trio)."""
-        self.unsent = b""
-        """Bytes of replies due now that the socket did not take yet."""
+        self.unsent: list[bytes] = []
+        """Replies due now that the socket did not take yet, in order (joined at the write:
+        a pipelined burst is not copied once per reply)."""
+        self.unsent_bytes = 0
         self.events = _IN
         """The epoll mask registered for the socket."""
         self.reading = True
@@ -161,8 +165,11 @@ class Connection:
         self.requests = 0
         self.swept_requests = 0
         self.quiet_since = now
+        self.blocked = False
+        """The socket refused bytes owed to it: its requests are not read until it took
+        them all (a client that does not read its replies sends no more)."""
         self.stalled_since = 0.0
-        """When the socket last refused bytes owed to it (0: it takes what it is given)."""
+        """While ``blocked``: when the socket last took nothing or refused the rest."""
 
     def timed_out(self, now: float, limits: ClientLimits) -> str | None:
         """Which timeout (if any) this connection has passed: progress is a new request or a
@@ -413,7 +420,7 @@ class ClientLoop:
         try:
             if mask & _OUT:
                 self._write(conn, now)
-            if mask & _IN and conn.reading and not conn.paused:
+            if mask & _IN and conn.reading and not conn.paused and not conn.blocked:
                 self._read(conn, now)
             elif mask & _GONE and not conn.closed:
                 self._close(conn)  # gone while not read (paused or draining)
@@ -467,7 +474,8 @@ class ClientLoop:
         else:
             if not conn.unsent:
                 self._dirty.append(conn)
-            conn.unsent += answer
+            conn.unsent.append(answer)
+            conn.unsent_bytes += len(answer)
             self._check_unsent(conn)
 
     def _hand(self, conn: Connection, frame: bytes, *, undersized: bool = False) -> None:
@@ -494,7 +502,8 @@ class ClientLoop:
                 owed.clear()
                 conn.reading = False
                 break
-            conn.unsent += data
+            conn.unsent.append(data)
+            conn.unsent_bytes += len(data)
             moved = True
         if moved or not conn.reading:
             self._dirty.append(conn)
@@ -505,7 +514,7 @@ class ClientLoop:
             self._take(conn, self._clock())  # requests already read and framed come first
 
     def _check_unsent(self, conn: Connection) -> None:
-        if len(conn.unsent) > MAX_UNSENT_BYTES:
+        if conn.unsent_bytes > MAX_UNSENT_BYTES:
             self._drop(conn, "its unwritten replies pass the byte bound")
 
     def _flush(self, conn: Connection, now: float) -> None:
@@ -520,9 +529,10 @@ class ClientLoop:
             self._close(conn)
 
     def _write(self, conn: Connection, now: float) -> None:
-        data = conn.unsent
-        if not data:
+        chunks = conn.unsent
+        if not chunks:
             return
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
             written = conn.sock.send(data, _DONTWAIT)
         except BlockingIOError:
@@ -531,21 +541,26 @@ class ClientLoop:
             self._close(conn)  # the client went away before its reply
             return
         if written == len(data):
-            conn.unsent = b""
-            conn.stalled_since = 0.0
-            if conn.events & _OUT:
+            conn.unsent = []
+            conn.unsent_bytes = 0
+            if conn.blocked:
+                conn.blocked = False
                 self._set_events(conn)
             if not conn.reading and not conn.owed:
                 self._close(conn)
             return
-        conn.unsent = data[written:]
-        if written or not conn.stalled_since:
-            conn.stalled_since = now
-        if not conn.events & _OUT:
+        rest = data[written:]
+        conn.unsent = [rest]
+        conn.unsent_bytes = len(rest)
+        if written or not conn.blocked:
+            conn.stalled_since = now  # the stall timeout counts from the last progress
+        if not conn.blocked:
+            conn.blocked = True
             self._set_events(conn)
 
     def _set_events(self, conn: Connection) -> None:
-        events = (_IN if conn.reading and not conn.paused else 0) | (_OUT if conn.unsent else 0)
+        reads = conn.reading and not conn.paused and not conn.blocked
+        events = (_IN if reads else 0) | (_OUT if conn.blocked else 0)
         if events != conn.events and not conn.closed:
             conn.events = events
             self._epoll.modify(conn.fd, events)
@@ -564,7 +579,7 @@ class ClientLoop:
             NoteKind.DROPPED,
             conn.name,
             f"it does not read its replies: {why} ({len(conn.owed)} owed, "
-            f"{len(conn.unsent)} bytes unwritten)",
+            f"{conn.unsent_bytes} bytes unwritten)",
         )
         self._close(conn)
 
@@ -573,7 +588,8 @@ class ClientLoop:
             return
         conn.closed = True
         conn.owed.clear()
-        conn.unsent = b""
+        conn.unsent = []
+        conn.unsent_bytes = 0
         del self._conns[conn.fd]
         conn.sock.close()  # epoll forgets a closed socket by itself
         self.active -= 1
@@ -595,8 +611,7 @@ class ClientLoop:
     def _sweep(self, now: float) -> None:
         limits = self.limits
         for conn in list(self._conns.values()):
-            stalled = conn.stalled_since
-            if conn.unsent and stalled and now - stalled >= self._stall_timeout:
+            if conn.blocked and now - conn.stalled_since >= self._stall_timeout:
                 self._drop(conn, f"its socket did not drain for {self._stall_timeout:g} s")
                 continue
             which = conn.timed_out(now, limits)

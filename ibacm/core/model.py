@@ -19,14 +19,8 @@ from ibacm.config.address_literals import match_key
 from ibacm.core.sa import SaChannel
 from ibacm.fabric.api import Port, PortAttributes
 from ibacm.log import get_logger
-from ibacm.provider.api import (
-    CoreAddress,
-    CoreDevice,
-    CoreEndpoint,
-    CorePort,
-    Provider,
-    RouteTable,
-)
+from ibacm.provider.api import CoreAddress, CoreDevice, CoreEndpoint, CorePort, Provider
+from ibacm.provider.route_table import RouteTable
 from ibacm.wire.client import AddrType, pad_address
 from ibacm.wire.path_record import ZERO_GID, PathRecord
 

@@ -834,12 +834,12 @@ _OPERATIONS = frozenset(int(op) for op in AcmOp)
 _RESOLVE_BYTE = int(AcmOp.RESOLVE)
 
 
-def _request_length_in(head: bytes | bytearray) -> int:
-    """``request_length``'s rule read in place (at least 8 bytes): little-endian only for
-    opcode byte 0x01."""
-    if head[1] == _RESOLVE_BYTE:
-        return head[6] | head[7] << 8
-    return head[6] << 8 | head[7]
+def _request_length_in(data: bytes | bytearray, at: int) -> int:
+    """``request_length``'s rule read in place, of the header at ``at`` (8 bytes there at
+    least): little-endian only for opcode byte 0x01."""
+    if data[at + 1] == _RESOLVE_BYTE:
+        return data[at + 6] | data[at + 7] << 8
+    return data[at + 6] << 8 | data[at + 7]
 
 
 class ClientFramer:
@@ -861,12 +861,16 @@ class ClientFramer:
     def __init__(self, *, replies: bool = False) -> None:
         self._replies = replies
         self._buffer = bytearray()
+        self._start = 0
+        """Where the bytes not yet framed begin in ``_buffer``: frames are taken from the
+        front by moving this, not by deleting (which would move the rest of a pipelined
+        burst once per frame); the buffer is compacted at the next ``feed``."""
         self._error: FramingError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame (non-zero at EOF = cut message)."""
-        return len(self._buffer)
+        return len(self._buffer) - self._start
 
     @property
     def error(self) -> FramingError | None:
@@ -875,6 +879,9 @@ class ClientFramer:
     def feed(self, data: bytes) -> None:
         if self._error is not None:
             raise self._error
+        if self._start:
+            del self._buffer[: self._start]
+            self._start = 0
         self._buffer += data
 
     def next_frame(self) -> bytes | None:
@@ -882,22 +889,28 @@ class ClientFramer:
         if self._error is not None:
             raise self._error
         length = self._frame_length()
-        if length is None or len(self._buffer) < length:
+        start = self._start
+        if length is None or len(self._buffer) - start < length:
             return None
-        frame = bytes(self._buffer[:length])
-        del self._buffer[:length]
+        end = start + length
+        frame = bytes(self._buffer[start:end])
+        if end == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        else:
+            self._start = end
         return frame
 
     def whole(self, data: bytes) -> bytes | None:
         """``data`` itself when nothing is buffered and it is exactly one valid request (the
         common read: a client sent one request and waits); else None, with nothing changed
         (then ``feed`` it). Saves the buffer's copies on the way of most requests."""
-        if self._buffer or self._replies or self._error is not None or len(data) < HDR_LEN:
+        if self.buffered or self._replies or self._error is not None or len(data) < HDR_LEN:
             return None
         op = data[1] & OP_MASK
         if data[0] != ACM_VERSION or op not in _OPERATIONS:
             return None
-        length = _request_length_in(data)
+        length = _request_length_in(data, 0)
         if length != len(data) or not _allowed_request_length(op, length):
             return None
         return data
@@ -905,30 +918,32 @@ class ClientFramer:
     def head(self, size: int = HDR_LEN) -> bytes:
         """The first ``size`` bytes not yet returned as a frame (after a ``FramingError``:
         the start of the offending message)."""
-        return bytes(self._buffer[:size])
+        start = self._start
+        return bytes(self._buffer[start : start + size])
 
     def _frame_length(self) -> int | None:
         buffer = self._buffer
-        have = len(buffer)
+        at = self._start
+        have = len(buffer) - at
         if not have:
             return None
-        if buffer[0] != ACM_VERSION:
-            self._fail(FramingFault.BAD_VERSION, f"version {buffer[0]}, expected {ACM_VERSION}")
+        if buffer[at] != ACM_VERSION:
+            self._fail(FramingFault.BAD_VERSION, f"version {buffer[at]}, expected {ACM_VERSION}")
         if have < 2:
             return None
-        op = buffer[1] & OP_MASK
+        op = buffer[at + 1] & OP_MASK
         if op not in _OPERATIONS:
             self._fail(
                 FramingFault.BAD_OPCODE,
-                f"opcode 0x{buffer[1]:02x}: operation {op} is not 1, 2 or 3",
+                f"opcode 0x{buffer[at + 1]:02x}: operation {op} is not 1, 2 or 3",
             )
         if have < 8:
             return None
         if self._replies:
-            length = reply_length(bytes(buffer[:8]))
+            length = reply_length(bytes(buffer[at : at + 8]))
             allowed = _allowed_reply_length(op, length)
         else:
-            length = _request_length_in(buffer)
+            length = _request_length_in(buffer, at)
             allowed = _allowed_request_length(op, length)
         if not allowed:
             name = AcmOp(op).name

@@ -32,7 +32,8 @@ from ibacm.acmp.cache import (
 from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.config.options import AddrPreload, Options, RoutePreload, RouteProt
 from ibacm.fabric.api import ReceivedMad
-from ibacm.provider.api import Counter, Hit, RouteTable
+from ibacm.provider.api import Counter
+from ibacm.provider.route_table import Hit, RouteTable
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import PathRecord

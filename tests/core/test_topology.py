@@ -15,7 +15,7 @@ import trio
 from ibacm.core.model import EndpointState, find_address, iter_endpoints, make_address_key
 from ibacm.fabric.api import PortEvent, PortEventType
 from ibacm.fabric.sim.topology import generate
-from ibacm.provider.api import Hit, RouteTable
+from ibacm.provider.route_table import Hit, RouteTable
 from ibacm.wire.client import AddrType
 from tests.core.support import Core, make_options, sim_core
 
@@ -277,10 +277,6 @@ async def test_source_lookup_follows_every_change(tmp_path: Path) -> None:
         }
 
 
-class Held(RouteTable):
-    __slots__ = ("__weakref__",)  # what a provider's table keeps alive (its endpoint's routes)
-
-
 @pytest.mark.trio
 async def test_route_tables_follow_the_index_and_a_failing_one_costs_the_fast_path_only(
     tmp_path: Path,
@@ -288,13 +284,17 @@ async def test_route_tables_follow_the_index_and_a_failing_one_costs_the_fast_pa
     async with sim_core(tmp_path, addr_lines=["node1 mlx5_0 1 default"]) as core:
         devices = core.topology.devices
         asked: list[object] = []
-        held: dict[int, weakref.ref[Held]] = {}
+        held: dict[int, weakref.ref[Callable[[int, bytes], bytes]]] = {}
 
         def table_for(addr_ctx: object) -> RouteTable:
             asked.append(addr_ctx)
-            table = Held(lambda dest_type, dest: dest, {b"x": Hit(bytes(64), math.inf)})
-            held[id(addr_ctx)] = weakref.ref(table)
-            return table
+
+            def key(dest_type: int, dest: bytes) -> bytes:
+                return dest
+
+            # What the table keeps alive (a provider's endpoint, its cache) goes with it.
+            held[id(addr_ctx)] = weakref.ref(key)
+            return RouteTable(key, {b"x": Hit(bytes(64), math.inf)})
 
         def tables(addr_type: int, info: bytes) -> RouteTable | None:
             return devices.route_tables.get(make_address_key(addr_type, info))

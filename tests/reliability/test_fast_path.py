@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from ibacm.acmp.provider import AcmpProvider
-from ibacm.provider.api import RouteTable
+from ibacm.provider.route_table import RouteTable
 from ibacm.wire.client import (
     AcmHdr,
     AcmMessage,
