@@ -81,6 +81,14 @@ TARGET_P99_1024_US = 500_000
 TARGET_PIPELINE_CPU = 2.0  # x the no-work loop's CPU per request
 
 
+SECTION_MODES: dict[str, load.Mode] = {
+    "oneshot": "oneshot",
+    "cached": "closed",
+    "pipeline": "pipeline",
+}
+"""Each section of points and the load generator's mode for it."""
+
+
 @dataclass(frozen=True)
 class Point:
     """One measured situation: ``section`` oneshot, cached or pipeline."""
@@ -99,7 +107,7 @@ class Point:
 
     @property
     def mode(self) -> load.Mode:
-        return {"oneshot": "oneshot", "cached": "closed", "pipeline": "pipeline"}[self.section]  # type: ignore[return-value]
+        return SECTION_MODES[self.section]
 
 
 @dataclass
@@ -477,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
                 "churn", lambda: churn.run(churn.DEFAULT_ROUNDS, churn.DEFAULT_CONNECTIONS)
             )
     targets = targets_of(results)
+    if c_reason is not None:
+        for name in ("uncached_first_resolution", "daemon_time"):
+            targets[name] = f"not measured: {c_reason}"
     for part in (first, own_time, churned):
         if part is not None:
             targets.update(part["targets"])

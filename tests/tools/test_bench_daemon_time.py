@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.bench import daemon_time
+from tests.bench.common import BenchError
 
 CLIENT = 'UNIX-STREAM:[100->101,"/x/node3/ibacm-unix.sock"]'
 HUB = "UNIX-STREAM:[200->201]"  # 201 is held by the hub
@@ -49,7 +50,7 @@ def test_requester_time_is_read_to_posted_plus_in_to_written() -> None:
 def test_without_the_fabric_peer_no_mad_is_seen() -> None:
     events = daemon_time.parse_trace(TRACE, {999})
     assert {event.kind for event in events} == {"request", "reply"}
-    with pytest.raises(daemon_time.BenchError):
+    with pytest.raises(BenchError):
         daemon_time.requester_times(events)
 
 
