@@ -169,6 +169,11 @@ def bench_env() -> dict[str, str]:
     return env
 
 
+def load_average() -> float:
+    """The 1-minute load average, written beside each figure (a 2-core VM shared with others)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def self_peak_rss_mb() -> float:
     """Peak resident set of this process (ru_maxrss is in KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import BenchError, exit_on_sigterm, ratio, verdict, write_results
+from tests.bench.common import (
+    BenchError,
+    exit_on_sigterm,
+    load_average,
+    ratio,
+    verdict,
+    write_results,
+)
 from tests.bench.first_resolution import (
     MEASURED,
     checked_dlid,
@@ -334,6 +341,7 @@ def _medians(values: dict[str, list[float]]) -> dict[str, Any]:
         found[f"{name}_ms"] = round(statistics.median(seconds) * 1e3, 3)
         found[f"{name}_ms_all"] = [round(value * 1e3, 3) for value in seconds]
     found["strace_inflation"] = ratio(found.get("traced_ms", 0), found.get("untraced_ms", 0))
+    found["loadavg"] = load_average()
     return found
 
 
@@ -373,7 +381,10 @@ def run(work: Path, resolutions: int, protocols: list[str] | None = None) -> dic
                 if name.endswith("_ms")
             ]
             print(f"daemon time ({prot:3}) {who:9} " + ", ".join(parts), flush=True)
-            print(f"  strace inflation (traced / untraced p50): {values['strace_inflation']}x")
+            print(
+                f"  strace inflation (traced / untraced p50): {values['strace_inflation']}x; "
+                f"load {values['loadavg']:.1f}"
+            )
     targets = summarize(results)
     for target, outcome in targets.items():
         print(f"target {target}: {outcome}")

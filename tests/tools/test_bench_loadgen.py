@@ -155,7 +155,8 @@ def test_the_no_work_loops_answer_and_stop_on_sigterm(
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        for mode, clients in (("closed", 8), ("oneshot", 2)):
+        modes: list[tuple[load.Mode, int]] = [("closed", 8), ("oneshot", 2)]
+        for mode, clients in modes:
             figures = load.run(
                 binaries[0], str(sock), request_file, clients, 0.2, mode=mode, server_pid=proc.pid
             )
