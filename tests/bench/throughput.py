@@ -174,9 +174,15 @@ def measure_point(
     figures["outcome"] = outcome(figures, died)
     figures["answered_all"] = figures["outcome"] == "answered all"
     if died and server.restart is not None:
-        server.pid = server.restart()
-        exchange_once(server.sock, server.request)  # cached again for the next points
-        figures["restarted"] = True
+        try:
+            server.pid = server.restart()
+            exchange_once(server.sock, server.request)  # cached again for the next points
+            figures["restarted"] = True
+        except (BenchError, OSError) as exc:
+            # The later points of this server then say "server died" with nobody listening.
+            print(f"{server.name} could not be restarted: {exc}")
+            figures["restart_failed"] = str(exc)
+            server.restart = None
     return figures
 
 
