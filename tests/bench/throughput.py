@@ -99,11 +99,9 @@ class Point:
 
     @property
     def key(self) -> str:
-        return (
-            f"pipeline_{self.depth}"
-            if self.section == "pipeline"
-            else (f"{self.section}_{self.clients}")
-        )
+        if self.section == "pipeline":
+            return f"pipeline_{self.depth}"
+        return f"{self.section}_{self.clients}"
 
     @property
     def mode(self) -> load.Mode:
