@@ -18,11 +18,11 @@
  * Nothing a server does stops the run: a refused connect (nobody listens: the server died),
  * a full backlog (the connect waits in the kernel, as ib_acme's does), a reset or a hang-up
  * (the requests in flight are lost, the client connects again), a reply with a bad header or
- * a non-zero status: each is counted. After SECONDS (following WARMUP) no new request is sent and the
- * run waits up to GRACE seconds for the replies still owed. Prints one JSON object: every
- * request accounted (sent = answered + lost on reset + unanswered at the end), the clients
- * that never got an answer, and over the measured window the replies per second and latency
- * percentiles in microseconds.
+ * a non-zero status: each is counted. After SECONDS (following WARMUP) no new request is
+ * sent and the run waits up to GRACE seconds for the replies still owed. Prints one JSON
+ * object: every request accounted (sent = answered + lost on reset + unanswered at the end),
+ * the clients that never got an answer, and over the measured window the replies per second
+ * and latency percentiles in microseconds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
