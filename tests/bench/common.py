@@ -152,7 +152,7 @@ def gcc_build(source: Path, out_dir: Path) -> Path:
     if gcc is None:
         raise BenchError("gcc is needed to build the C baseline (apt-get install gcc)")
     binary = out_dir / source.stem
-    command = [gcc, "-O2", "-Wall", "-Wextra", "-o", str(binary), str(source)]
+    command = [gcc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(binary), str(source)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise BenchError(f"gcc failed on {source.name}:\n{done.stderr}")
