@@ -178,7 +178,6 @@ def run(churners: int, connections: int, uid_name: str = "nobody") -> dict[str, 
 
 
 def _run(work: Path, churners: int, connections: int, uid_name: str) -> dict[str, Any]:
-
     reason = check_support(uid_name)
     if reason is not None:
         print(f"churn not measured: {reason}")
