@@ -35,6 +35,7 @@ from tests.bench.common import (
     VENV_BIN,
     BenchError,
     exit_on_sigterm,
+    load_average,
     percentile,
     verdict,
     write_results,
@@ -162,7 +163,7 @@ def churn_one(
         "log_lines_during_churn": log_lines(node_dir) - lines_before,
         "server_cpu_s": round(load.cpu_seconds(pid) - cpu_before, 2) if alive else None,
         "server_alive": alive,
-        "loadavg": load.load_average(),
+        "loadavg": load_average(),
     }
     return figures
 
@@ -177,7 +178,6 @@ def run(churners: int, connections: int, uid_name: str = "nobody") -> dict[str, 
 
 
 def _run(work: Path, churners: int, connections: int, uid_name: str) -> dict[str, Any]:
-
     reason = check_support(uid_name)
     if reason is not None:
         print(f"churn not measured: {reason}")

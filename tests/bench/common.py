@@ -152,7 +152,7 @@ def gcc_build(source: Path, out_dir: Path) -> Path:
     if gcc is None:
         raise BenchError("gcc is needed to build the C baseline (apt-get install gcc)")
     binary = out_dir / source.stem
-    command = [gcc, "-O2", "-Wall", "-Wextra", "-o", str(binary), str(source)]
+    command = [gcc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(binary), str(source)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise BenchError(f"gcc failed on {source.name}:\n{done.stderr}")
@@ -167,6 +167,11 @@ def bench_env() -> dict[str, str]:
     # Helpers such as tests.bench.profiled_daemon run from the repository root.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
+
+
+def load_average() -> float:
+    """The 1-minute load average, written beside each figure (a 2-core VM shared with others)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def self_peak_rss_mb() -> float:

@@ -4,7 +4,7 @@
 
 The end-to-end latency of a first resolution (``first_resolution``) mixes the daemons' work
 with the fabric's (link latency, the SA's service time). This benchmark separates them: it
-attaches ``strace -f -ttt -yy`` to the requesting daemon and to the responding one for each of
+attaches ``strace -f -ttt -T -yy`` to the requesting daemon and to the responding one for each of
 a few first resolutions, and reads from the system calls:
 
 * requester side: client request read -> first MAD posted ("to fabric"), and last MAD in ->
@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import BenchError, exit_on_sigterm, ratio, verdict, write_results
+from tests.bench.common import (
+    BenchError,
+    exit_on_sigterm,
+    load_average,
+    ratio,
+    verdict,
+    write_results,
+)
 from tests.bench.first_resolution import (
     MEASURED,
     checked_dlid,
@@ -61,6 +68,7 @@ _LINE = re.compile(r"(\d+)\s+(\d+\.\d+)\s+(.*)$")
 _CALL = re.compile(r"(\w+)\((\d+)<(.*?\])>")
 _RESUMED = re.compile(r"<\.\.\. (\w+) resumed>")
 _PAIR = re.compile(r"\[(\d+)->(\d+)")
+_INSIDE = re.compile(r"<(\d+\.\d+)>$")
 _STRACE_COST = "strace_per_cached_request_ms"
 
 
@@ -73,8 +81,14 @@ class Event:
 
 
 def parse_trace(text: str, fabric_inodes: set[int]) -> list[Event]:
-    """The request/reply/MAD events of an ``strace -f -ttt -yy`` output, in time order."""
-    pending: dict[str, tuple[str, str]] = {}
+    """The request/reply/MAD events of an ``strace -f -ttt -T -yy`` output, in time order.
+
+    A send counts from its entry (the daemon posted it then: the emulated HCA's device process
+    may keep a ``sendmsg`` waiting for milliseconds), a receive from its return (the bytes were
+    there then). strace stamps a whole line with its entry and ``-T`` adds the time inside; a
+    call split by other threads' lines is stamped at its entry ("unfinished") and at its
+    return ("resumed")."""
+    pending: dict[str, tuple[str, str, float]] = {}
     events: list[Event] = []
     for line in text.splitlines():
         matched = _LINE.match(line)
@@ -85,15 +99,18 @@ def parse_trace(text: str, fabric_inodes: set[int]) -> list[Event]:
         if resumed is not None:
             if tid not in pending:
                 continue
-            name, target = pending.pop(tid)
+            name, target, entry = pending.pop(tid)
+            exit_ = when
         else:
             call = _CALL.match(rest)
             if call is None:
                 continue
-            name, target = call[1], call[3]
+            name, target, entry = call[1], call[3], when
             if rest.endswith("<unfinished ...>"):
-                pending[tid] = (name, target)
+                pending[tid] = (name, target, entry)
                 continue
+            inside = _INSIDE.search(rest)
+            exit_ = entry + (float(inside[1]) if inside else 0.0)
         if name not in SENDS and name not in RECEIVES:
             continue
         result = _result(rest)
@@ -101,7 +118,7 @@ def parse_trace(text: str, fabric_inodes: set[int]) -> list[Event]:
             continue
         kind = _kind(name, target, result, fabric_inodes)
         if kind is not None:
-            events.append(Event(when, kind))
+            events.append(Event(entry if name in SENDS else exit_, kind))
     events.sort(key=lambda event: event.when)
     return events
 
@@ -189,7 +206,7 @@ class Tracer:
     proc: subprocess.Popen[str] | None = field(default=None)
 
     def start(self, timeout: float = 10.0) -> None:
-        command = ["strace", "-f", "-ttt", "-yy", "-s", "32", "-o", str(self.out)]
+        command = ["strace", "-f", "-ttt", "-T", "-yy", "-s", "32", "-o", str(self.out)]
         command += ["-e", "trace=%network,read,write,writev,readv", "-p", str(self.pid)]
         self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         assert self.proc.stderr is not None
@@ -334,6 +351,7 @@ def _medians(values: dict[str, list[float]]) -> dict[str, Any]:
         found[f"{name}_ms"] = round(statistics.median(seconds) * 1e3, 3)
         found[f"{name}_ms_all"] = [round(value * 1e3, 3) for value in seconds]
     found["strace_inflation"] = ratio(found.get("traced_ms", 0), found.get("untraced_ms", 0))
+    found["loadavg"] = load_average()
     return found
 
 
@@ -373,7 +391,10 @@ def run(work: Path, resolutions: int, protocols: list[str] | None = None) -> dic
                 if name.endswith("_ms")
             ]
             print(f"daemon time ({prot:3}) {who:9} " + ", ".join(parts), flush=True)
-            print(f"  strace inflation (traced / untraced p50): {values['strace_inflation']}x")
+            print(
+                f"  strace inflation (traced / untraced p50): {values['strace_inflation']}x; "
+                f"load {values['loadavg']:.1f}"
+            )
     targets = summarize(results)
     for target, outcome in targets.items():
         print(f"target {target}: {outcome}")

@@ -34,6 +34,7 @@ from tests.bench.common import (
     BenchError,
     bench_env,
     exit_on_sigterm,
+    load_average,
     percentile,
     ratio,
     verdict,
@@ -144,6 +145,7 @@ def measure(work: Path, targets: int, route_prot: str) -> dict[str, Any]:
             "resolutions": len(ordered),
             "p50_us": round(percentile(ordered, 0.5) * 1e6, 1),
             "p99_us": round(percentile(ordered, 0.99) * 1e6, 1),
+            "loadavg": load_average(),
         }
     return figures
 
@@ -177,7 +179,8 @@ def run(work: Path, targets: int, protocols: list[str]) -> dict[str, Any]:
         for who, values in figures.items():
             print(
                 f"first resolution ({prot:3}) {who:9} p50 {values['p50_us']:9.1f} us  "
-                f"p99 {values['p99_us']:9.1f} us  ({values['resolutions']} destinations)"
+                f"p99 {values['p99_us']:9.1f} us  ({values['resolutions']} destinations, "
+                f"load {values['loadavg']:.1f})"
             )
     for target, outcome in summary["targets"].items():
         print(f"target {target}: {outcome}")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from tests.bench.common import BENCH_DIR, BenchError, gcc_build
+from tests.bench.common import BENCH_DIR, BenchError, gcc_build, load_average
 
 Mode = Literal["closed", "oneshot", "pipeline"]
 
@@ -32,11 +32,6 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def load_average() -> float:
-    """The 1-minute load average, written beside each figure (a 2-core VM shared with others)."""
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def run(

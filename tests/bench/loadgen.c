@@ -1,6 +1,6 @@
 /*
  * Load generator of the client-socket benchmarks (throughput.py). CLIENTS unix-socket clients,
- * spread over PROCS processes that each drive their share with epoll, in one of three modes:
+ * spread over PROCS processes that each drive their share with epoll, in one of four modes:
  *
  *   closed    (default) each client keeps one connection and one request in flight: send,
  *             read the whole reply (its length is in the header), send the next;
@@ -8,25 +8,27 @@
  *             repeat; the latency is connect -> whole reply;
  *   pipeline  each connection keeps DEPTH requests in flight: DEPTH at once, then one more
  *             per reply;
- *   churn     connect, send REQUEST_FILE's bytes (garbage, say), close at once without reading,
- *             COUNT connections in all (-n), each process a blocking loop: what a client flooding
- *             the daemon with malformed one-shot connections does. No latency is measured.
+ *   churn     connect, send REQUEST_FILE's bytes (garbage, say), close at once unread,
+ *             COUNT connections in all (-n), each process a blocking loop: what a client
+ *             flooding the daemon with malformed connections does. No latency measured.
  *
  *   loadgen [-m MODE] [-k DEPTH] [-n COUNT] [-p PROCS] [-w WARMUP] [-g GRACE] SOCKET
  *           REQUEST_FILE CLIENTS SECONDS
  *
  * Nothing a server does stops the run: a refused connect (nobody listens: the server died),
- * a full backlog (retried after 1 ms), a reset or a hang-up (the requests in flight are lost,
- * the client connects again), a reply with a bad header or a non-zero status: each is counted.
- * After SECONDS (following WARMUP) no new request is sent and the run waits up to GRACE seconds
- * for the replies still owed. Prints one JSON object: every request accounted (sent = answered
- * + lost on reset + unanswered at the end), the clients that never got an answer, and over the
- * measured window the replies per second and latency percentiles in microseconds.
+ * a full backlog (the connect waits in the kernel, as ib_acme's does), a reset or a hang-up
+ * (the requests in flight are lost, the client connects again), a reply with a bad header or
+ * a non-zero status: each is counted. After SECONDS (following WARMUP) no new request is
+ * sent and the run waits up to GRACE seconds for the replies still owed. Prints one JSON
+ * object: every request accounted (sent = answered + lost on reset + unanswered at the end),
+ * the clients that never got an answer, and over the measured window the replies per second
+ * and latency percentiles in microseconds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,12 +46,17 @@
 #define MAX_PROCS 64
 #define MAX_DEPTH 256
 #define RETRY_NS 1000000ull
+#define RETRY_MAX_NS 64000000ull
+#define CONNECTORS 16
 
 enum mode { CLOSED, ONESHOT, PIPELINE, CHURN };
 
 struct client {
 	int fd;			/* -1: not connected */
 	uint64_t retry_at;	/* when to try connecting again */
+	uint64_t backoff;	/* the wait after a refused connect: 1 ms, doubling to 64 ms */
+	int connecting;		/* handed to a connector thread (a full backlog) */
+	int handed_fd, handed_err; /* what the connector got: written before its pipe write */
 	uint64_t connect_at;	/* one-shot: when this connection was started */
 	unsigned in_flight;	/* requests sent and not answered on this connection */
 	unsigned head;		/* ring of send times, oldest first */
@@ -97,6 +104,88 @@ static void drop(struct client *c, struct tally *t, uint64_t now)
 	c->retry_at = now;
 }
 
+/*
+ * A full backlog: the connect is retried by one of CONNECTORS threads with a blocking
+ * connect(), as ib_acme's own connect() waits, so the kernel hands the client the next free
+ * slot as the server accepts; spinning on EAGAIN instead would leave the slot empty between
+ * tries (C ibacm listens with backlog 0 and takes one connection per select round) and burn
+ * the cores the server needs. A blocking connect gives up at the end of the run.
+ */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t ready;
+	struct client **items;
+	size_t head, count, cap;
+	int stop;
+	uint64_t end;
+	int result_fd;
+} connectors = { .lock = PTHREAD_MUTEX_INITIALIZER, .ready = PTHREAD_COND_INITIALIZER };
+
+static void *connector(void *unused)
+{
+	(void)unused;
+	for (;;) {
+		pthread_mutex_lock(&connectors.lock);
+		while (!connectors.count && !connectors.stop)
+			pthread_cond_wait(&connectors.ready, &connectors.lock);
+		if (connectors.stop) {
+			pthread_mutex_unlock(&connectors.lock);
+			return NULL;
+		}
+		struct client *c = connectors.items[connectors.head];
+		connectors.head = (connectors.head + 1) % connectors.cap;
+		connectors.count--;
+		pthread_mutex_unlock(&connectors.lock);
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		uint64_t now = now_ns();
+		uint64_t left = connectors.end > now ? connectors.end - now : 1000000;
+		struct timeval tv = { .tv_sec = (time_t)(left / 1000000000ull),
+				      .tv_usec = (suseconds_t)(left % 1000000000ull / 1000) };
+		int err = 0;
+		if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) ||
+		    connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+			err = errno ? errno : EIO;
+			if (fd >= 0)
+				close(fd);
+			fd = -1;
+		}
+		c->handed_fd = fd;
+		c->handed_err = err;
+		if (write(connectors.result_fd, &c, sizeof(c)) != sizeof(c)) {
+			perror("loadgen: connector pipe");
+			exit(1);
+		}
+	}
+}
+
+static void hand_to_connector(struct client *c)
+{
+	c->connecting = 1;
+	pthread_mutex_lock(&connectors.lock);
+	connectors.items[(connectors.head + connectors.count) % connectors.cap] = c;
+	connectors.count++;
+	pthread_cond_signal(&connectors.ready);
+	pthread_mutex_unlock(&connectors.lock);
+}
+
+static void connected(struct client *c, int fd, int ep, struct tally *t)
+{
+	c->fd = fd;
+	c->backoff = 0;
+	t->connections++;
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+static void refused(struct client *c, struct tally *t, uint64_t now)
+{
+	c->backoff = c->backoff ? c->backoff * 2 : RETRY_NS;
+	if (c->backoff > RETRY_MAX_NS)
+		c->backoff = RETRY_MAX_NS;
+	c->retry_at = now + c->backoff;
+	t->refused++; /* ECONNREFUSED, ENOENT: nobody listens (the server died) */
+}
+
 /* Connect without blocking: 1 connected, 0 try later (counted), -1 fatal. */
 static int try_connect(struct client *c, int ep, struct tally *t, uint64_t now)
 {
@@ -109,17 +198,15 @@ static int try_connect(struct client *c, int ep, struct tally *t, uint64_t now)
 	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
 		int err = errno;
 		close(fd);
-		c->retry_at = now + RETRY_NS;
-		if (err == EAGAIN)
+		if (err == EAGAIN) {
 			t->backlog_full++;
-		else
-			t->refused++; /* ECONNREFUSED, ENOENT: nobody listens */
+			hand_to_connector(c);
+		} else {
+			refused(c, t, now);
+		}
 		return 0;
 	}
-	c->fd = fd;
-	t->connections++;
-	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
-	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+	connected(c, fd, ep, t);
 	return 1;
 }
 
@@ -163,6 +250,33 @@ static void record(struct tally *t, uint64_t **lat, size_t *cap, uint64_t value)
 	(*lat)[t->count++] = value;
 }
 
+/* The connectors' results: a connected client sends at once; the others wait their turn.
+ * Returns how many clients went back to waiting. */
+static int take_connected(int results_fd, int ep, struct tally *t, uint64_t end)
+{
+	struct client *c;
+	int back = 0;
+	while (read(results_fd, &c, sizeof(c)) == sizeof(c)) {
+		uint64_t now = now_ns();
+		c->connecting = 0;
+		if (c->handed_fd >= 0) {
+			fcntl(c->handed_fd, F_SETFL, O_NONBLOCK);
+			connected(c, c->handed_fd, ep, t);
+			if (now < end && fill(c, t, now)) {
+				drop(c, t, now);
+				back++;
+			}
+			continue;
+		}
+		if (c->handed_err == EAGAIN || c->handed_err == EINTR)
+			c->retry_at = now; /* timed out at the end of the run */
+		else
+			refused(c, t, now);
+		back++;
+	}
+	return back;
+}
+
 /* Drive `count` clients: start at `start`, measure from `measure_from`, stop sending at
  * `end`, wait for the replies owed until `end + grace`. */
 static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t end,
@@ -180,6 +294,25 @@ static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t
 		clients[i].fd = -1;
 		clients[i].retry_at = start;
 	}
+	int results[2];
+	connectors.items = calloc((size_t)count, sizeof(*connectors.items));
+	connectors.cap = (size_t)count;
+	connectors.end = end;
+	if (!connectors.items || pipe2(results, O_CLOEXEC | O_NONBLOCK)) {
+		perror("loadgen: connectors");
+		exit(1);
+	}
+	connectors.result_fd = results[1];
+	/* The pipe's writes must not fail: the connectors block until the loop reads. */
+	fcntl(results[1], F_SETFL, 0);
+	struct epoll_event pev = { .events = EPOLLIN, .data.ptr = NULL };
+	epoll_ctl(ep, EPOLL_CTL_ADD, results[0], &pev);
+	pthread_t threads[CONNECTORS];
+	for (int i = 0; i < CONNECTORS; i++)
+		if (pthread_create(&threads[i], NULL, connector, NULL)) {
+			perror("loadgen: pthread_create");
+			exit(1);
+		}
 	while (now_ns() < start)
 		usleep(100);
 	struct epoll_event events[256];
@@ -198,10 +331,10 @@ static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t
 			waiting = 0;
 			for (int i = 0; i < count; i++) {
 				struct client *c = &clients[i];
-				if (c->fd >= 0)
+				if (c->fd >= 0 || c->connecting)
 					continue;
 				if (c->retry_at > now || try_connect(c, ep, t, now) == 0) {
-					waiting++;
+					waiting += !c->connecting;
 					continue;
 				}
 				if (c->fd < 0)
@@ -216,6 +349,10 @@ static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t
 		int n = epoll_wait(ep, events, 256, timeout);
 		for (int i = 0; i < n; i++) {
 			struct client *c = events[i].data.ptr;
+			if (!c) {
+				waiting += take_connected(results[0], ep, t, end);
+				continue;
+			}
 			ssize_t r = recv(c->fd, c->buf + c->got, BUF_CAP - c->got, 0);
 			if (r < 0 && (errno == EAGAIN || errno == EINTR))
 				continue;
@@ -270,6 +407,21 @@ static void run_share(int count, uint64_t start, uint64_t measure_from, uint64_t
 				drop(c, t, done);
 				waiting++;
 			}
+		}
+	}
+	pthread_mutex_lock(&connectors.lock);
+	connectors.stop = 1;
+	pthread_cond_broadcast(&connectors.ready);
+	pthread_mutex_unlock(&connectors.lock);
+	/* A connector still in connect() returns by the end of the run (SO_SNDTIMEO); one
+	 * blocked on the pipe is let through by reading what it wrote. */
+	for (int i = 0; i < CONNECTORS; i++) {
+		while (pthread_tryjoin_np(threads[i], NULL) == EBUSY) {
+			struct client *c;
+			while (read(results[0], &c, sizeof(c)) == sizeof(c))
+				if (c->handed_fd >= 0)
+					close(c->handed_fd);
+			usleep(1000);
 		}
 	}
 	for (int i = 0; i < count; i++) {

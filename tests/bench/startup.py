@@ -40,7 +40,7 @@ from tests.bench.common import (
     verdict,
     write_results,
 )
-from tests.bench.throughput import resolve_request
+from tests.bench.servers import resolve_request
 
 READY_TIMEOUT = 60.0
 IDLE_SECONDS = 1.0

@@ -81,6 +81,14 @@ TARGET_P99_1024_US = 500_000
 TARGET_PIPELINE_CPU = 2.0  # x the no-work loop's CPU per request
 
 
+SECTION_MODES: dict[str, load.Mode] = {
+    "oneshot": "oneshot",
+    "cached": "closed",
+    "pipeline": "pipeline",
+}
+"""Each section of points and the load generator's mode for it."""
+
+
 @dataclass(frozen=True)
 class Point:
     """One measured situation: ``section`` oneshot, cached or pipeline."""
@@ -91,15 +99,13 @@ class Point:
 
     @property
     def key(self) -> str:
-        return (
-            f"pipeline_{self.depth}"
-            if self.section == "pipeline"
-            else (f"{self.section}_{self.clients}")
-        )
+        if self.section == "pipeline":
+            return f"pipeline_{self.depth}"
+        return f"{self.section}_{self.clients}"
 
     @property
     def mode(self) -> load.Mode:
-        return {"oneshot": "oneshot", "cached": "closed", "pipeline": "pipeline"}[self.section]  # type: ignore[return-value]
+        return SECTION_MODES[self.section]
 
 
 @dataclass
@@ -166,9 +172,15 @@ def measure_point(
     figures["outcome"] = outcome(figures, died)
     figures["answered_all"] = figures["outcome"] == "answered all"
     if died and server.restart is not None:
-        server.pid = server.restart()
-        exchange_once(server.sock, server.request)  # cached again for the next points
-        figures["restarted"] = True
+        try:
+            server.pid = server.restart()
+            exchange_once(server.sock, server.request)  # cached again for the next points
+            figures["restarted"] = True
+        except (BenchError, OSError) as exc:
+            # The later points of this server then say "server died" with nobody listening.
+            print(f"{server.name} could not be restarted: {exc}")
+            figures["restart_failed"] = str(exc)
+            server.restart = None
     return figures
 
 
@@ -477,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
                 "churn", lambda: churn.run(churn.DEFAULT_ROUNDS, churn.DEFAULT_CONNECTIONS)
             )
     targets = targets_of(results)
+    if c_reason is not None:
+        for name in ("uncached_first_resolution", "daemon_time"):
+            targets[name] = f"not measured: {c_reason}"
     for part in (first, own_time, churned):
         if part is not None:
             targets.update(part["targets"])

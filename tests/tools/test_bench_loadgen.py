@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from tests.bench import load
 from tests.bench.servers import resolve_request
-from tests.conftest import require_peer
+from tests.conftest import REPO, require_peer
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +143,33 @@ def test_churn_makes_its_connections_and_counts_refusals(
         loadgen, str(tmp_path / "none.sock"), garbage, processes=1, connections=5, seconds=0.2
     )
     assert done["connections"] == 0 and done["refused"] > 0
+
+
+@pytest.mark.parametrize("kind", ["thread", "task"])
+def test_the_no_work_loops_answer_and_stop_on_sigterm(
+    binaries: tuple[Path, Path], request_file: Path, tmp_path: Path, kind: str
+) -> None:
+    sock = tmp_path / f"{kind}.sock"
+    command = [sys.executable, "-m", "tests.bench.trio_floor", str(sock), "--kind", kind]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        modes: list[tuple[load.Mode, int]] = [("closed", 8), ("oneshot", 2)]
+        for mode, clients in modes:
+            figures = load.run(
+                binaries[0], str(sock), request_file, clients, 0.2, mode=mode, server_pid=proc.pid
+            )
+            accounted(figures)
+            assert figures["answered"] > 0 and figures["never_answered"] == 0
+    finally:
+        proc.terminate()
+        # The thread kind's loop leaves through its wake-up pipe: the process exits cleanly.
+        try:
+            status = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"the {kind} loop did not stop on SIGTERM")
+        assert status == 0
+    assert not sock.exists()
