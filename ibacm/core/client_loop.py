@@ -265,6 +265,10 @@ class ClientLoop:
         self._dirty: list[Connection] = []
         self._stopping = False
         self._draining = False
+        self._resting: list[socket.socket] = []
+        self.accept_resting = False
+        """A listener rests after the open-file limit refused an accept (read by the trio
+        side: its sweep brings it back)."""
 
     # -- the trio side's commands (any thread) -----------------------------------------------
 
@@ -377,13 +381,16 @@ class ClientLoop:
             except BlockingIOError:
                 return
             except OSError as exc:
+                self._epoll.unregister(listener.fileno())
                 if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
                     self._note(NoteKind.ACCEPT_FAILED, "listener", f"{exc.strerror}; stopped")
-                    self._epoll.unregister(listener.fileno())
                     return
-                # Out of descriptors: the pending client waits in the backlog; the next
-                # round tries again (level-triggered).
-                self._note(NoteKind.ACCEPT_FAILED, "listener", str(exc.strerror))
+                # Out of descriptors: the pending client waits in the backlog, and the
+                # listener (level-triggered, still readable) rests until the next sweep
+                # instead of spinning the loop.
+                self._resting.append(listener)
+                self.accept_resting = True
+                self._note(NoteKind.ACCEPT_FAILED, "listener", f"{exc.strerror}; retrying")
                 return
             uid = _peer_uid(sock)
             if not self._admit(uid):
@@ -615,6 +622,12 @@ class ClientLoop:
     # -- commands --------------------------------------------------------------------------
 
     def _sweep(self, now: float) -> None:
+        if self._resting:
+            for listener in self._resting:
+                if listener.fileno() in self._listeners:  # not closed by a drain meanwhile
+                    self._epoll.register(listener.fileno(), _IN)
+            self._resting.clear()
+            self.accept_resting = False
         limits = self.limits
         for conn in list(self._conns.values()):
             if conn.blocked and now - conn.stalled_since >= self._stall_timeout:
@@ -634,8 +647,11 @@ class ClientLoop:
 
     def _drain(self) -> None:
         self._draining = True
+        resting = {sock.fileno() for sock in self._resting}
+        self._resting.clear()
         for fd, sock in self._listeners.items():
-            self._epoll.unregister(fd)
+            if fd not in resting:
+                self._epoll.unregister(fd)
             sock.close()
         self._listeners.clear()
         for conn in list(self._conns.values()):

@@ -209,7 +209,7 @@ class ClientServer:
             with trio.move_on_after(pause):
                 await self._sweep_changed.wait()
             now = trio.current_time()
-            if loop.active:  # an idle daemon's loop is not woken for nothing
+            if loop.active or loop.accept_resting:  # an idle loop is not woken for nothing
                 loop.sweep(now)
             self._report_refusals(loop.stats, now)
             for line in (*self._lines.values(), self._refusals, self._undecodable):

@@ -8,10 +8,17 @@ the asked destination's path), and nothing may fail in the daemon.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import resource
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,6 +26,8 @@ import structlog
 import trio
 
 from ibacm.acmp.provider import AcmpProvider
+from ibacm.core.client_loop import ClientLimits, ClientLoop, Note, NoteKind
+from ibacm.core.hits import HitPath
 from tests.reliability.live import live_cluster
 
 HITS = 1_000_000
@@ -88,3 +97,67 @@ async def test_the_loop_serves_right_answers_while_trio_changes_its_tables(
         failures = [entry for entry in logs if entry["log_level"] in ("error", "critical")]
         assert failures == []
         assert daemon.clients.stats.dropped == 0
+
+
+@pytest.mark.trio
+async def test_out_of_descriptors_the_listener_rests_instead_of_spinning(tmp_path: Path) -> None:
+    """accept() failing with EMFILE leaves the client in the backlog; the loop must not spin
+    on the still-readable listener, and the client is served once descriptors are free."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "s"))
+    listener.listen(8)
+    listener.setblocking(False)
+    notes: list[Note] = []
+
+    def post(callback: Callable[[], None]) -> None:
+        callback()  # the notes, straight from the loop's thread (no trio side here)
+
+    loop = ClientLoop(
+        [listener],
+        HitPath([], 8),
+        time.monotonic,
+        post,
+        lambda batch, round_notes: notes.extend(round_notes),
+        limits=ClientLimits(),
+        capacity=100,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(trio.to_thread.run_sync, loop.run))
+        try:
+            await _starve_and_recover(loop, tmp_path, notes)
+        finally:
+            loop.stop()
+    loop.close()
+
+
+async def _starve_and_recover(loop: ClientLoop, tmp_path: Path, notes: list[Note]) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    await trio.sleep(0.1)  # the loop's thread is running before descriptors run out
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # No descriptor left: the limit just above the highest open one, the holes below
+        # filled. The client's socket exists already; the daemon's accept needs one more.
+        highest = max(int(name) for name in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+        client.connect(str(tmp_path / "s"))
+        with trio.fail_after(10):
+            while not loop.accept_resting:
+                await trio.sleep(0.01)
+        cpu = time.process_time()
+        await trio.sleep(0.5)
+        assert time.process_time() - cpu < 0.25  # resting, not spinning on the listener
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    loop.sweep(time.monotonic())
+    with trio.fail_after(10):
+        while loop.active != 1:
+            await trio.sleep(0.01)
+    assert not loop.accept_resting
+    assert any(note.kind is NoteKind.ACCEPT_FAILED for note in notes)
+    client.close()
