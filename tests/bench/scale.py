@@ -680,10 +680,12 @@ PROCESS_READY_TIMEOUT = 600.0
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU time of process ``pid`` so far: ``schedstat`` (ns) where the kernel keeps it, else
-    utime + stime (clock ticks)."""
+    """CPU time of process ``pid`` so far, all its threads (the daemon's client loop is one):
+    the sum of their ``schedstat`` (ns) where the kernel keeps it, else utime + stime (clock
+    ticks)."""
     try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
     except (OSError, ValueError, IndexError):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
