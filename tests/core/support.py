@@ -16,6 +16,7 @@ from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ProviderLine, ServerMode
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
+from ibacm.core.model import iter_endpoints
 from ibacm.core.services import DaemonServices
 from ibacm.core.srcaddr import Probe
 from ibacm.core.topology import AddressFile
@@ -278,6 +279,11 @@ async def cluster(
             )
             await nursery.start(daemon.run)
             daemons[name] = daemon
+        # Ready means serving; the endpoints may still be joining their groups. A test that
+        # resolves at once must not race a peer's join (its request would wait a retry).
+        with trio.move_on_after(10):
+            while not all(_endpoints_ready(daemon) for daemon in daemons.values()):
+                await trio.sleep(0.005)
         try:
             yield Cluster(world, daemons, tmp_path)
         finally:
@@ -287,3 +293,9 @@ async def cluster(
                 for daemon in daemons.values():
                     await daemon.stopped.wait()
             nursery.cancel_scope.cancel()
+
+
+def _endpoints_ready(daemon: Daemon) -> bool:
+    return all(
+        getattr(endpoint.ctx, "ready", True) for endpoint in iter_endpoints(daemon.topology.devices)
+    )
