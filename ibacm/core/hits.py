@@ -82,11 +82,8 @@ class HitPath:
         table = devices.route_tables.get(self._source_key(type0, info0))
         if table is None:
             return None
-        key = table.key(type1, info1)
-        if key is None:
-            return None
-        hit = table.routes.get(key)
-        if hit is None or now >= hit.expiry:
+        hit = table.find(type1, info1, now)
+        if hit is None:
             return None
         hit.count += 1
         table.hits += 1

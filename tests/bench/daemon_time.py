@@ -56,8 +56,8 @@ from tests.bench.first_resolution import (
     checked_dlid,
     cluster,
     name_request,
-    timed_exchange,
 )
+from tests.bench.servers import timed_exchange
 
 TARGET_OWN_MS = 0.2
 MAD_BYTES = 256

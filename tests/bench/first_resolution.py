@@ -22,7 +22,6 @@ import contextlib
 import json
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from tests.bench.common import (
     verdict,
     write_results,
 )
+from tests.bench.servers import timed_exchange
 
 MEASURED = {"c_ibacm": "node1", "ibacm_hw": "node2", "ibacm": "node3"}
 
@@ -59,24 +59,6 @@ def c_support() -> str | None:
 def name_request(source: str, dest: str) -> bytes:
     entries = [EpAddr.from_name(source, EpFlag.SOURCE), EpAddr.from_name(dest, EpFlag.DEST)]
     return AcmMessage(hdr=AcmHdr(opcode=AcmOp.RESOLVE), entries=entries).encode()
-
-
-def timed_exchange(path: str, request: bytes, timeout: float = 10.0) -> tuple[float, bytes]:
-    """One request on a fresh connection (as ib_acme does); seconds from send to whole reply."""
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        start = time.perf_counter()
-        sock.sendall(request)
-        reply = b""
-        while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise BenchError(f"{path} closed the connection before answering")
-            reply += chunk
-        return time.perf_counter() - start, reply
 
 
 def checked_dlid(reply: bytes) -> int:

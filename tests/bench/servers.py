@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,19 +33,26 @@ def resolve_request(source: str = "node1", dest: str = "node2") -> bytes:
     return message.encode()
 
 
-def exchange_once(path: str, request: bytes, timeout: float = 10.0) -> bytes:
-    """Send one request and read its whole reply (used to fill the cache)."""
+def timed_exchange(path: str, request: bytes, timeout: float = 10.0) -> tuple[float, bytes]:
+    """One request on a fresh connection (as ib_acme does); seconds from send to whole reply."""
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
+        start = time.perf_counter()
         sock.sendall(request)
         reply = b""
         while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
-            chunk = sock.recv(592)
+            chunk = sock.recv(4096)
             if not chunk:
                 raise BenchError(f"{path} closed the connection before answering")
             reply += chunk
-    return reply
+        return time.perf_counter() - start, reply
+
+
+def exchange_once(path: str, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send one request and read its whole reply (used to fill the cache)."""
+    return timed_exchange(path, request, timeout)[1]
 
 
 @contextlib.contextmanager
