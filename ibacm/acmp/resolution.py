@@ -133,8 +133,13 @@ class Resolver:
         if nodelay:
             done(self._nodelay())
             return
-        entry = started.entry
-        started.op.callbacks.append(lambda ended: done(self._parked(entry, ended)))
+        entry, op = started.entry, started.op
+        if op.finished:  # ended already (the endpoint closed before the task could start)
+            done(self._parked(entry, op))
+            return
+        # The operation always finishes: ``_drive`` ends it in a ``finally`` (budgets, close),
+        # and so does ``_end`` itself should anything before its ``finish`` fail.
+        op.callbacks.append(lambda ended: done(self._parked(entry, ended)))
 
     def _begin_address(self, source: EpAddr, dest: EpAddr, nodelay: bool) -> Answer | _Waiting:
         """What ``resolve_address`` does before it waits: the answer, when it is at hand;
@@ -263,6 +268,13 @@ class Resolver:
             self._end(entry, op, *outcome)
 
     def _end(self, entry: DestEntry, op: Operation, status: int, reason: str = "") -> None:
+        try:
+            self._close_out(entry, op, status, reason)
+        finally:
+            # Whatever failed above, whoever waits (a task, a client's callback) is answered.
+            op.finish(AcmStatus.ENODATA, reason or "the resolution's end failed")
+
+    def _close_out(self, entry: DestEntry, op: Operation, status: int, reason: str) -> None:
         ready = status == AcmStatus.SUCCESS and entry.state is EntryState.READY
         if not ready and status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA

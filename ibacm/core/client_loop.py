@@ -71,6 +71,21 @@ _GONE: Final = select.EPOLLHUP | select.EPOLLERR
 _DONTWAIT: Final = socket.MSG_DONTWAIT
 _RESETS = (BrokenPipeError, ConnectionResetError)
 _TRANSIENT_ACCEPT_ERRORS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+_CLIENT_ACCEPT_ERRORS = frozenset(
+    # accept(2) on Linux: errors of the pending connection, to be retried at once.
+    (
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.EPERM,
+        errno.ENETDOWN,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.ENONET,
+        errno.EHOSTUNREACH,
+        errno.EOPNOTSUPP,
+        errno.ENETUNREACH,
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -312,6 +327,7 @@ class ClientLoop:
             while not self._stopping:
                 events = epoll.poll()
                 now = self._clock()
+                listeners = []
                 for fd, mask in events:
                     conn = self._conns.get(fd)
                     if conn is not None:
@@ -319,7 +335,12 @@ class ClientLoop:
                     elif fd == self._wake_fd:
                         self._take_inbox()
                     elif fd in self._listeners:
-                        self._accept(self._listeners[fd], now)
+                        listeners.append(self._listeners[fd])
+                # Accepted after the round's events: a new connection may get the number of
+                # one closed in this round, whose event must not reach it.
+                for listener in listeners:
+                    if listener.fileno() in self._listeners:
+                        self._accept(listener, now)
                 self._end_round(now)
         finally:
             for conn in list(self._conns.values()):
@@ -336,6 +357,11 @@ class ClientLoop:
         if self._wake_fd >= 0:
             os.close(self._wake_fd)
             self._wake_fd = -1
+        # ``run`` never ran (cancelled before the thread started): what it would have closed.
+        self._epoll.close()
+        for sock in self._listeners.values():
+            sock.close()
+        self._listeners.clear()
 
     def _end_round(self, now: float) -> None:
         dirty = self._dirty
@@ -343,7 +369,10 @@ class ClientLoop:
             self._dirty = []
             for conn in dirty:
                 if not conn.closed:
-                    self._flush(conn, now)
+                    try:
+                        self._flush(conn, now)
+                    except Exception as exc:
+                        self._failed(conn, exc)
         if self._batch or self._notes:
             self._hand_over()
 
@@ -368,9 +397,15 @@ class ClientLoop:
                 if not conn.closed:
                     slot.data = data
                     slot.ready = True
-                    self._advance(conn)
+                    try:
+                        self._advance(conn)
+                    except Exception as exc:
+                        self._failed(conn, exc)
             else:
-                item()
+                try:
+                    item()
+                except Exception as exc:
+                    self._note(NoteKind.FAILED, "client loop", f"{type(exc).__name__}: {exc}")
 
     # -- accepting -----------------------------------------------------------------------
 
@@ -381,9 +416,14 @@ class ClientLoop:
             except BlockingIOError:
                 return
             except OSError as exc:
-                self._epoll.unregister(listener.fileno())
+                if exc.errno in _CLIENT_ACCEPT_ERRORS:
+                    continue  # that client's connection failed, not the listener
+                fd = listener.fileno()
+                self._epoll.unregister(fd)
                 if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
                     self._note(NoteKind.ACCEPT_FAILED, "listener", f"{exc.strerror}; stopped")
+                    del self._listeners[fd]
+                    listener.close()
                     return
                 # Out of descriptors: the pending client waits in the backlog, and the
                 # listener (level-triggered, still readable) rests until the next sweep
@@ -438,9 +478,12 @@ class ClientLoop:
             elif mask & _GONE and not conn.closed:
                 self._close(conn)  # gone while not read (paused or draining)
         except Exception as exc:
-            # A bug costs this one client its connection; everybody else goes on.
-            self._note(NoteKind.FAILED, conn.name, f"{type(exc).__name__}: {exc}")
-            self._close(conn)
+            self._failed(conn, exc)
+
+    def _failed(self, conn: Connection, exc: Exception) -> None:
+        # A bug costs this one client its connection; everybody else goes on.
+        self._note(NoteKind.FAILED, conn.name, f"{type(exc).__name__}: {exc}")
+        self._close(conn)
 
     def _read(self, conn: Connection, now: float) -> None:
         """Read once (a client that never pauses gets its turn like everybody else) and
@@ -466,7 +509,7 @@ class ClientLoop:
     def _take(self, conn: Connection, now: float) -> None:
         framer = conn.framer
         try:
-            while not conn.paused and (frame := framer.next_frame()) is not None:
+            while not conn.paused and not conn.closed and (frame := framer.next_frame()):
                 conn.requests += 1
                 self._request(conn, frame, now)
         except FramingError as exc:
@@ -479,11 +522,11 @@ class ClientLoop:
             self._stop_reading(conn)
 
     def _request(self, conn: Connection, frame: bytes, now: float) -> None:
-        answer = self.hits.answer(frame, now)
+        # Behind a reply still owed, even a hit goes to the trio side, in order: a
+        # PERF_QUERY waiting there must not count a hit that came after it (as in C).
+        answer = None if conn.owed else self.hits.answer(frame, now)
         if answer is None:
             self._hand(conn, frame)
-        elif conn.owed:
-            self._queue(conn, Slot(answer, True))
         else:
             if not conn.unsent:
                 self._dirty.append(conn)

@@ -7,10 +7,12 @@ recv() per message is not needed, pipelined requests work), there is no client l
 Every client socket lives in the ``ClientLoop`` (an epoll loop in one thread, which answers
 cache hits itself). ``ClientServer`` owns that thread (``trio.to_thread.run_sync`` in its
 nursery, stopped through the loop's wake-up fd when cancelled) and answers what the loop
-hands over: each request that must wait gets a task in the server's nursery, which awaits
-the dispatcher and gives the reply back to the loop. The loop's notes (malformed streams,
-dropped clients, timeouts) and its refusals are logged here, rate-limited: a flood of bad
-clients writes one line per ``LOG_INTERVAL`` with a count, not one line each.
+hands over, in arrival order, in the round that takes it: PERF and EP queries at once, a
+RESOLVE that must wait started without a task when the provider can (its reply given back
+to the loop from the round that ends it), else in a task of the server's nursery. The
+loop's notes (malformed streams, dropped clients, timeouts) and its refusals are logged
+here, rate-limited: a flood of bad clients writes one line per ``LOG_INTERVAL`` with a
+count, not one line each.
 """
 
 from __future__ import annotations

@@ -80,9 +80,6 @@ class Counters:
     def add_tally(self, tally: Counters) -> None:
         self.tallies = (*self.tallies, tally)  # replaced whole: read from another thread
 
-    def remove_tally(self, tally: Counters) -> None:
-        self.tallies = tuple(other for other in self.tallies if other is not tally)
-
     def snapshot(self) -> list[int]:
         values = list(self.values)
         for tally in self.tallies:
