@@ -224,6 +224,11 @@ class SnapshotCollector:
                 "Client connections closed by a timeout",
                 (("request_timeouts", "request"), ("idle_timeouts", "idle")),
             ),
+            (
+                "ibacm_clients_closed",
+                "Client connections closed for misbehaving",
+                (("malformed", "malformed_request"), ("dropped", "unread_replies")),
+            ),
         ):
             family = CounterMetricFamily(name, text, labels=["reason"])
             for key, reason in reasons:

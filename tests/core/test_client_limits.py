@@ -275,3 +275,6 @@ async def test_a_churn_of_malformed_connections_by_another_user_delays_root_litt
         lines = [entry for entry in logs if entry["event"] == "client request rejected; closing"]
         assert 1 <= len(lines) <= 40, len(lines)  # one per 10 s at most, each with a count
         assert sum(int(entry["count"]) for entry in lines) <= stats.malformed
+        text = DaemonMetrics(run.daemons["node1"].snapshot).render()[0].decode()
+        closed = f'ibacm_clients_closed_total{{reason="malformed_request"}} {stats.malformed}.0'
+        assert closed in text, text
