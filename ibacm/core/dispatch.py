@@ -227,12 +227,10 @@ class Dispatcher:
             return False
         if plan.src_index is None:
             return False
-        source = plan.entries[plan.src_index]
-        slot = find_address(self.devices, source.type, source.info)
+        slot, request = self._addressed(plan.entries, plan.src_index, plan.dst_index, client)
         provider = slot.owner.port.provider if slot is not None else None
         if slot is None or provider is None:
             return False
-        request = ResolveRequest(plan.entries, plan.src_index, plan.dst_index, client)
         hdr = message.hdr
         answered = False
 
@@ -247,11 +245,9 @@ class Dispatcher:
 
         try:
             return provider.begin_resolve(slot.ctx, request, finished)
-        except Exception:
-            # A provider bug costs this one request, answered like C's internal failures.
-            log.exception("provider begin_resolve failed", client=client)
+        except Exception as exc:
             if not answered:
-                finished(ResolveResult(AcmStatus.ENOMEM))
+                finished(_failed(exc, client))
             return True
 
     async def resolve(self, frame: bytes, client: str) -> bytes:
@@ -288,12 +284,19 @@ class Dispatcher:
             chosen = await self.choose_source(entries[plan.dst_index])
             entries.append(chosen)
             src_index = len(entries) - 1
+        slot, request = self._addressed(entries, src_index, plan.dst_index, client)
+        if slot is None:
+            source = request.source
+            raise CoreError(AcmStatus.ESRCADDR, f"{source.address_text()} is not a local address")
+        return await self.call_resolve(slot, request), chosen
+
+    def _addressed(
+        self, entries: Sequence[EpAddr], src_index: int, dst_index: int, client: str
+    ) -> tuple[AddressSlot | None, ResolveRequest]:
+        """The local address of the request's SOURCE (None: not ours), and the request."""
         source = entries[src_index]
         slot = find_address(self.devices, source.type, source.info)
-        if slot is None:
-            raise CoreError(AcmStatus.ESRCADDR, f"{source.address_text()} is not a local address")
-        request = ResolveRequest(tuple(entries), src_index, plan.dst_index, client)
-        return await self.call_resolve(slot, request), chosen
+        return slot, ResolveRequest(tuple(entries), src_index, dst_index, client)
 
     async def choose_source(self, dest: EpAddr) -> EpAddr:
         if dest.type == AddrType.NAME:
@@ -363,15 +366,8 @@ class Dispatcher:
             return ResolveResult(AcmStatus.ENODATA)
         try:
             return await provider.resolve(slot.ctx, request)
-        except SaTimeout:
-            return ResolveResult(AcmStatus.ETIMEDOUT)
-        except FabricError as exc:
-            log.warning("resolve failed in the fabric", client=request.client, error=str(exc))
-            return ResolveResult(AcmStatus.ENODATA)
-        except Exception:
-            # A provider bug costs this one request, answered like C's internal failures.
-            log.exception("provider resolve failed", client=request.client)
-            return ResolveResult(AcmStatus.ENOMEM)
+        except Exception as exc:
+            return _failed(exc, request.client)
 
     def resolve_reply(self, hdr: AcmHdr, result: ResolveResult, chosen: EpAddr | None) -> bytes:
         status = result.status
@@ -440,3 +436,16 @@ class Dispatcher:
         if endpoint is None:
             return encode_ep_reply(request.hdr, AcmStatus.EINVAL, None)
         return encode_ep_reply(request.hdr, AcmStatus.SUCCESS, ep_config(endpoint))
+
+
+def _failed(exc: Exception, client: str) -> ResolveResult:
+    """What a provider's failure to resolve answers the client (``resolve`` or
+    ``begin_resolve``)."""
+    if isinstance(exc, SaTimeout):
+        return ResolveResult(AcmStatus.ETIMEDOUT)
+    if isinstance(exc, FabricError):
+        log.warning("resolve failed in the fabric", client=client, error=str(exc))
+        return ResolveResult(AcmStatus.ENODATA)
+    # A provider bug costs this one request, answered like C's internal failures.
+    log.error("provider resolve failed", client=client, exc_info=exc)
+    return ResolveResult(AcmStatus.ENOMEM)

@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -57,7 +58,7 @@ from tests.bench.first_resolution import (
     cluster,
     name_request,
 )
-from tests.bench.servers import timed_exchange
+from tests.bench.servers import round_trip, timed_exchange
 
 TARGET_OWN_MS = 0.2
 MAD_BYTES = 256
@@ -231,23 +232,10 @@ class Tracer:
 
 def cached_round_trips(path: str, request: bytes, count: int) -> list[float]:
     """Seconds of ``count`` cached RESOLVEs on one connection (send -> whole reply)."""
-    import socket
-
-    found = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(path)
-        for _ in range(count):
-            start = time.perf_counter()
-            sock.sendall(request)
-            reply = b""
-            while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    raise BenchError(f"{path} closed the connection before answering")
-                reply += chunk
-            found.append(time.perf_counter() - start)
-    return found
+        return [round_trip(sock, request, path)[0] for _ in range(count)]
 
 
 def strace_cost(path: str, pid: int, request: bytes, out: Path, count: int = 300) -> float:

@@ -33,21 +33,25 @@ def resolve_request(source: str = "node1", dest: str = "node2") -> bytes:
     return message.encode()
 
 
+def round_trip(sock: socket.socket, request: bytes, path: str) -> tuple[float, bytes]:
+    """Send ``request`` on ``sock``; seconds from send to the whole reply, and the reply."""
+    start = time.perf_counter()
+    sock.sendall(request)
+    reply = b""
+    while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise BenchError(f"{path} closed the connection before answering")
+        reply += chunk
+    return time.perf_counter() - start, reply
+
+
 def timed_exchange(path: str, request: bytes, timeout: float = 10.0) -> tuple[float, bytes]:
     """One request on a fresh connection (as ib_acme does); seconds from send to whole reply."""
-
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
-        start = time.perf_counter()
-        sock.sendall(request)
-        reply = b""
-        while len(reply) < 8 or len(reply) < int.from_bytes(reply[6:8], "little"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise BenchError(f"{path} closed the connection before answering")
-            reply += chunk
-        return time.perf_counter() - start, reply
+        return round_trip(sock, request, path)
 
 
 def exchange_once(path: str, request: bytes, timeout: float = 10.0) -> bytes:
