@@ -5,7 +5,9 @@ default, kind of value (what is accepted, how it is written), which C parser rea
 reload does with it, and its help text. ``OPTIONS`` lists the definitions; the parser here,
 ``Options.summary``, the generated option file (``ibacm.config.opts_template``) and the
 daemon's reload groups (``ibacm.core.daemon``) are derived from them. Adding an option is one
-field here, plus its entry in ibacm(8) and the code that uses it.
+field here, plus its entry in ibacm(8) (``tests/config/test_option_docs.py`` checks the page
+against the definitions), the code that uses it, its probe in the reload test
+(``tests/core/test_daemon_reload.py``) and ``contrib/ibacm_opts.cfg`` generated again.
 
 Parsing follows the C daemon (``acm_set_options``, ``acmp_set_options``,
 ``acm_load_prov_config``) wherever its behaviour is not a known defect:

@@ -29,11 +29,11 @@ _EXTENSIONS_HEADING = "# Settings of this implementation only (the C ibacm ignor
 
 def _setting_lines(definition: OptionDef, value: Any) -> list[str]:
     """The lines that set ``value``; a value no option file can hold is a ValueError."""
-    text = definition.kind.text(value)
-    if any(char in C_SPACE or char == "\0" for char in text) and not definition.kind.whole_line:
-        raise ValueError(f"{definition.key} value {text!r} cannot be written in an option file")
-    if text == "" and definition.follows is None and not definition.kind.whole_line:
-        raise ValueError(f"{definition.key} value {text!r} cannot be written in an option file")
+    if not definition.kind.whole_line:
+        text = definition.kind.text(value)
+        unwritable = any(char in C_SPACE or char == "\0" for char in text)
+        if unwritable or (text == "" and definition.follows is None):
+            raise ValueError(f"{definition.key} value {text!r} cannot be written in an option file")
     return definition.kind.lines(definition.key, value)
 
 
