@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ibacm.config.address_literals import classify, encode_text, match_key
 from ibacm.config.cnumbers import C_SPACE
+from ibacm.config.ctext import c_lines, c_lower, c_tokens
 from ibacm.config.errors import ConfigIssue, IssueSink
-from ibacm.config.options import c_lines, c_lower, c_tokens
 from ibacm.wire.client import AddrType
 
 MAX_ADDRESS_LEN = 46  # %46s

@@ -11,8 +11,8 @@ import socket
 from dataclasses import dataclass
 
 from ibacm.config.address_literals import classify, encode_text, match_key, pton
+from ibacm.config.ctext import c_lines, c_tokens
 from ibacm.config.errors import ConfigIssue, IssueSink
-from ibacm.config.options import c_lines, c_tokens
 
 MAX_FIELD_LEN = 45  # %45s: INET6_ADDRSTRLEN buffers
 

@@ -1,5 +1,14 @@
 """The option file ``ibacm_opts.cfg``: one flat ``key value`` file for the core and ibacmp.
 
+Each option is defined once, as a field of ``Options`` made by ``option()``: its type,
+default, kind of value (what is accepted, how it is written), which C parser reads it, what a
+reload does with it, and its help text. ``OPTIONS`` lists the definitions; the parser here,
+``Options.summary``, the generated option file (``ibacm.config.opts_template``) and the
+daemon's reload groups (``ibacm.core.daemon``) are derived from them. Adding an option is one
+field here, plus its entry in ibacm(8) (``tests/config/test_option_docs.py`` checks the page
+against the definitions), the code that uses it, its probe in the reload test
+(``tests/core/test_daemon_reload.py``) and ``contrib/ibacm_opts.cfg`` generated again.
+
 Parsing follows the C daemon (``acm_set_options``, ``acmp_set_options``,
 ``acm_load_prov_config``) wherever its behaviour is not a known defect:
 
@@ -12,66 +21,49 @@ Parsing follows the C daemon (``acm_set_options``, ``acmp_set_options``,
 Defects of the C parsers that are fixed (each fix is reported as an issue naming file:line):
 
 * long lines are not cut every 119 characters (a warning says the C daemon would);
-* an invalid ``min_mtu``/``min_rate`` still falls back to 2048/10, but with a warning;
-* unknown ``*_prot``/``*_preload`` values keep the previous value, with a warning;
+* an invalid ``min_mtu``/``min_rate`` still falls back to 2048/10, but is reported;
+* unknown ``*_prot``/``*_preload`` values keep the previous value, and are reported;
 * ``route_preload full_opensm_v1`` (the man page's spelling) is accepted;
 * ``provider_lib_path`` is never mistaken for a provider line;
 * settings that would stall the daemon (a depth below 1, negative retries or timeouts) are
   raised to the smallest working value, with a warning.
 
-Extensions (keys the C daemon ignores, so one file serves both daemons):
-
-``sa_timeout`` / ``sa_retries``
-    per-attempt timeout (ms) and retry count of SA queries. The C daemon uses ``timeout`` and
-    ``retries`` for both ACM and SA MADs; unset, these follow ``timeout``/``retries``.
-``log_format``
-    ``auto`` (console on a terminal, JSON otherwise), ``json`` or ``console``.
-``run_dir``
-    directory of the client sockets and port files (default ``/run``).
-``admin_socket``
-    path of the administration socket (default ``<run_dir>/ibacm-admin.sock``).
-``cache_max_entries``
-    maximum destination-cache entries per endpoint; when full, entries unused lately go first
-    (default 65536; 0 = unbounded, as in C).
-``cache_file`` / ``cache_save_interval``
-    where the destination cache is persisted (default: not persisted; ``none`` disables) and
-    how often it is saved, in seconds (default 300; 0 = only at shutdown).
-``join_retry_initial_ms`` / ``join_retry_max_ms``
-    exponential backoff for failed multicast joins (default 1000 / 60000), each wait drawn
-    between half and all of it. C never retries.
-``route_bulk_preload``
-    ``yes``: fill each endpoint's route cache with one SA GetTable(PathRecord) query at
-    start-up (default ``no``).
-``metrics_port``
-    TCP port of the metrics endpoint on 127.0.0.1 (default 0 = off).
-``capture_file``
-    file that receives a capture of all MADs sent and received (default: none).
-``provider_prefer``
-    ``python`` (default) or ``library``: which provider is loaded when a library in
-    ``provider_lib_path`` and a Python provider have the same name (rdma-core's
-    ``libibacmp.so`` and ours are both ``ibacmp``).
-``max_clients`` / ``max_clients_per_user``
-    client connections at once, in total (default 16384; also kept below the open-file
-    limit, with a reserve for the admin socket) and per local user other than root (peer
-    uid of the unix socket, default 1024; 0 = no per-user limit). More are refused (closed
-    at once, counted); the socket is 0666, so one user cannot lock the others out.
-``client_request_timeout`` / ``client_idle_timeout``
-    seconds a started request may stay incomplete (default 10), and a connection may stay
-    without any request (default 0 = never: librdmacm keeps one connection per process and
-    never reconnects); 0 = no limit. Such connections are closed and counted.
+Extensions (``ReadBy.EXTENSION``: keys the C daemon ignores, so one file serves both daemons)
+are defined after the C keys; their help says what each does.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ibacm.config import cnumbers
+from ibacm.config.ctext import C_MAX_KEY, c_lines, c_lower, c_tokens
 from ibacm.config.errors import ConfigError, ConfigIssue, IssueSink, errors_in
+from ibacm.config.option_kinds import (
+    CFlag,
+    Coded,
+    Integer,
+    IntFlag,
+    Keyword,
+    Kind,
+    Lifetime,
+    LogFile,
+    OptionalPath,
+    OptionDef,
+    Port,
+    ReadBy,
+    Reload,
+    Setting,
+    Text,
+    Timeout,
+    UnsetText,
+    YesNo,
+    definitions,
+    option,
+)
 from ibacm.config.paths import (
     DEFAULT_ADDR_DATA_FILE,
     DEFAULT_ADDR_FILE,
@@ -83,10 +75,6 @@ from ibacm.config.paths import (
     RUNDIR,
     RunPaths,
 )
-
-# The C daemon reads lines into a 120-byte buffer: 119 characters plus the terminator.
-C_MAX_LINE = 119
-C_MAX_KEY = 31
 
 
 class ServerMode(enum.IntEnum):
@@ -193,64 +181,536 @@ class ProviderLine:
     """Where it was read; not part of the setting (moving the line changes nothing)."""
 
 
+class ProviderLines(Kind[list[ProviderLine]]):
+    """``provider`` lines (acm_load_prov_config): each line adds one, in file order."""
+
+    whole_line = True
+
+    def parse(
+        self, s: Setting, previous: list[ProviderLine], default: list[ProviderLine]
+    ) -> list[ProviderLine]:
+        line = _provider_line(list(s.tokens), s.line, s.sink)
+        return previous if line is None else [*previous, line]
+
+    def text(self, value: list[ProviderLine]) -> str:
+        return "\n".join(self.lines("provider", value))
+
+    def lines(self, key: str, value: list[ProviderLine]) -> list[str]:
+        written = []
+        for p in value:
+            if not p.name or any(char in cnumbers.C_SPACE for char in p.name):
+                raise ValueError(f"provider name {p.name!r} cannot be written in an option file")
+            which = "default" if p.default else f"0x{p.prefix or 0:016X}"
+            written.append(f"{key} {p.name} {which}")
+        return written
+
+    def entries(self, label: str, value: list[ProviderLine]) -> list[tuple[str, str]]:
+        return [
+            (label, f"{p.name} {'default' if p.default else f'0x{p.prefix or 0:016x}'}")
+            for p in value
+        ]
+
+
+_CORE = ReadBy.CORE
+_ACMP = ReadBy.PROVIDER
+_EXT = ReadBy.EXTENSION
+_ROUTE_PRELOADS = {
+    "none": RoutePreload.NONE,
+    "no": RoutePreload.NONE,
+    "opensm_full_v1": RoutePreload.OPENSM_FULL_V1,
+}
+_ADDR_PRELOADS = {
+    "none": AddrPreload.NONE,
+    "no": AddrPreload.NONE,
+    "acm_hosts": AddrPreload.ACM_HOSTS,
+}
+
+
 @dataclass
 class Options:
-    """Every setting of the option file, with the C defaults.
+    """Every setting of the option file, with the C defaults, in the order of the file
+    ``ib_acme -O`` writes (the C keys, the provider lines, then the extensions).
 
     ``min_mtu`` and ``min_rate`` hold IBA enums, as the C provider does (``min_mtu_bytes``
     and ``min_rate_gbps`` give the configured numbers). Timeouts are in ms, cache lifetimes
     in minutes (any negative value = never, see ``lifetime_seconds``).
     """
 
-    # Core (acm.c)
-    log_file: str = DEFAULT_LOG_FILE
-    log_level: int = 0
-    umad_debug_level: int = 0
-    lock_file: str = DEFAULT_LOCK_FILE
-    server_port: int = 6125
-    server_mode: ServerMode = ServerMode.UNIX
-    acme_plus_kernel_only: bool = False
-    provider_lib_path: str = DEFAULT_PROVIDER_LIB_PATH
-    support_ips_in_addr_cfg: bool = False
-    timeout: int = 2000
-    retries: int = 2
-    sa_depth: int = 1
-    # Default provider (acmp.c)
-    addr_prot: AddrProt = AddrProt.ACM
-    addr_timeout: int = 1440
-    route_prot: RouteProt = RouteProt.SA
-    route_timeout: int = -1
-    loopback_prot: LoopbackProt = LoopbackProt.LOCAL
-    resolve_depth: int = 1
-    send_depth: int = 1
-    recv_depth: int = 1024
-    min_mtu: int = DEFAULT_MTU_ENUM
-    min_rate: int = DEFAULT_RATE_ENUM
-    route_preload: RoutePreload = RoutePreload.NONE
-    route_data_file: str = DEFAULT_ROUTE_DATA_FILE
-    addr_preload: AddrPreload = AddrPreload.NONE
-    addr_data_file: str = DEFAULT_ADDR_DATA_FILE
-    # Provider assignment lines, in file order.
-    providers: list[ProviderLine] = field(default_factory=list)
-    # Extensions (see the module docstring).
-    sa_timeout: int | None = None
-    sa_retries: int | None = None
-    log_format: LogFormat = LogFormat.AUTO
-    run_dir: str = RUNDIR
-    admin_socket: str | None = None
-    cache_max_entries: int = 65536
-    cache_file: str | None = None
-    cache_save_interval: int = 300
-    join_retry_initial_ms: int = 1000
-    join_retry_max_ms: int = 60000
-    route_bulk_preload: bool = False
-    metrics_port: int = 0
-    capture_file: str | None = None
-    provider_prefer: ProviderPrefer = ProviderPrefer.PYTHON
-    max_clients: int = 16384
-    max_clients_per_user: int = 1024
-    client_request_timeout: int = 10
-    client_idle_timeout: int = 0
+    log_file: str = option(
+        LogFile(),
+        DEFAULT_LOG_FILE,
+        reload=Reload.DAEMON,
+        read_by=_CORE,
+        label="log file",
+        help="Where ibacm writes its log: 'stdout', 'stderr' or a file name.",
+        examples=("log_file stdout", "log_file stderr", f"log_file {DEFAULT_LOG_FILE}"),
+        active=True,
+    )
+    log_level: int = option(
+        Integer[int](),
+        0,
+        reload=Reload.DAEMON,
+        read_by=_CORE,
+        label="log level",
+        help=(
+            "How much is logged: 0 = configuration summary and errors, 1 = also detailed",
+            "configuration and events, 2 = also every request (busy).",
+        ),
+        active=True,
+    )
+    umad_debug_level: int = option(
+        Integer[int](),
+        0,
+        reload=Reload.RESTART,
+        read_by=_CORE,
+        label="umad debug level",
+        help="Debug level of the MAD library: 0 = off, 1 = basic, 2 = verbose.",
+        active=True,
+    )
+    lock_file: str = option(
+        Text(),
+        DEFAULT_LOCK_FILE,
+        reload=Reload.RESTART,
+        read_by=_CORE,
+        label="lock file",
+        help="File holding the daemon's process id; it also stops a second ibacm from starting.",
+        active=True,
+    )
+    addr_prot: AddrProt = option(
+        Keyword({"acm": AddrProt.ACM}, numbered=True),
+        AddrProt.ACM,
+        reload=Reload.PROVIDER,  # one value only (acm)
+        read_by=_ACMP,
+        label="address resolution",
+        help=(
+            "Protocol used to find the GID of a destination address. The only protocol is",
+            "'acm': a multicast query answered by the node that owns the address.",
+        ),
+        active=True,
+    )
+    addr_timeout: int = option(
+        Lifetime(),
+        1440,
+        reload=Reload.PROVIDER,
+        read_by=_ACMP,
+        label="address timeout",
+        help=(
+            "Minutes a resolved address stays cached before it is resolved again; -1 keeps",
+            "it forever. (60 = one hour, 1440 = one day, 10080 = one week.)",
+        ),
+        active=True,
+    )
+    route_prot: RouteProt = option(
+        Keyword({"acm": RouteProt.ACM, "sa": RouteProt.SA}, numbered=True),
+        RouteProt.SA,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="route resolution",
+        help=(
+            "Protocol used to obtain the path to a destination once its GID is known:",
+            "'sa' asks the subnet administrator for a path record and caches it,",
+            "'acm' builds the path from the ACM multicast exchange.",
+        ),
+        active=True,
+    )
+    route_timeout: int = option(
+        Lifetime(),
+        -1,
+        reload=Reload.PROVIDER,
+        read_by=_ACMP,
+        label="route timeout",
+        help=(
+            "Minutes a resolved path stays cached; -1 keeps it until its address expires.",
+            "This name must be written in lowercase.",
+        ),
+        active=True,
+        case_sensitive=True,
+    )
+    loopback_prot: LoopbackProt = option(
+        Keyword({"none": LoopbackProt.NONE, "local": LoopbackProt.LOCAL}, numbered=True),
+        LoopbackProt.LOCAL,
+        reload=Reload.PROVIDER,
+        read_by=_ACMP,
+        label="loopback resolution",
+        help=(
+            "How this node's own addresses are resolved: 'local' answers from local port",
+            "data, 'none' resolves them like any other address.",
+        ),
+        active=True,
+    )
+    server_port: int = option(
+        Port(),
+        6125,
+        reload=Reload.RESTART,
+        read_by=_CORE,
+        label="server_port",
+        help=(
+            "TCP port for clients in 'loop' and 'open' mode. Clients learn it from the",
+            "port file ibacm writes.",
+        ),
+        active=True,
+    )
+    server_mode: ServerMode = option(
+        Keyword(
+            {"unix": ServerMode.UNIX, "loop": ServerMode.LOOP, "open": ServerMode.OPEN},
+            fallback=ServerMode.UNIX,
+        ),
+        ServerMode.UNIX,
+        reload=Reload.RESTART,
+        read_by=_CORE,
+        label="server_mode",
+        help=(
+            "How clients connect: 'unix' = a local unix socket only, 'loop' = TCP on",
+            "127.0.0.1, 'open' = TCP on every address (no authentication!).",
+        ),
+        active=True,
+    )
+    acme_plus_kernel_only: bool = option(
+        CFlag(),
+        False,
+        reload=Reload.RESTART,
+        read_by=_CORE,
+        label="acme_plus_kernel_only",
+        help=(
+            "'yes' (or 'true' or a non-zero number) serves only the kernel and ib_acme;",
+            "other applications get no answers. Not applied when systemd starts ibacm",
+            "through its socket unit.",
+        ),
+        active=True,
+    )
+    timeout: int = option(
+        Timeout[int](),
+        2000,
+        reload=Reload.PROVIDER,
+        read_by=_CORE | _ACMP,
+        label="timeout",
+        help=(
+            "Milliseconds to wait for an answer from another ACM node or the subnet",
+            "administrator, on top of the subnet timeout, before trying again.",
+        ),
+        active=True,
+    )
+    retries: int = option(
+        Integer[int](minimum=0),
+        2,
+        reload=Reload.PROVIDER,
+        read_by=_CORE | _ACMP,
+        label="retries",
+        help="How many times an unanswered ACM or SA request is sent again.",
+        active=True,
+    )
+    resolve_depth: int = option(
+        Integer[int](minimum=1),
+        1,
+        reload=Reload.PROVIDER,
+        read_by=_ACMP,
+        label="resolve depth",
+        help=(
+            "Resolutions in progress at the same time per endpoint; more are queued.",
+            "Higher values resolve faster in parallel but load the subnet more.",
+        ),
+        active=True,
+    )
+    sa_depth: int = option(
+        Integer[int](minimum=1),
+        1,
+        reload=Reload.DAEMON,
+        read_by=_CORE,
+        label="sa depth",
+        help=(
+            "Queries to the subnet administrator in progress at the same time per port;",
+            "more are queued. Counted separately from resolve_depth.",
+        ),
+        active=True,
+    )
+    send_depth: int = option(
+        Integer[int](minimum=1),
+        1,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="send depth",
+        help="Answers to other nodes in flight at the same time per endpoint; more are queued.",
+        active=True,
+    )
+    recv_depth: int = option(
+        Integer[int](minimum=1),
+        1024,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="receive depth",
+        help=(
+            "Receive buffers per endpoint. A job start brings every node one request from",
+            "each other node at once: use at least the number of nodes, or part of that",
+            "burst is dropped and every peer missed is asked for again by multicast.",
+        ),
+        active=True,
+    )
+    min_mtu: int = option(
+        Coded(MTU_ENUM, fallback=2048),
+        DEFAULT_MTU_ENUM,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="minimum mtu",
+        help=(
+            "MTU in bytes of the multicast group every node joins: 256, 512, 1024, 2048 or",
+            "4096. Use the largest MTU all nodes of the fabric support.",
+        ),
+        active=True,
+    )
+    min_rate: int = option(
+        Coded(RATE_ENUM, fallback=10, sorted_list=True),
+        DEFAULT_RATE_ENUM,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="minimum rate",
+        help=(
+            "Link rate in Gb/s of the multicast group every node joins: 2 (for 2.5), 5, 10,",
+            "14, 20, 25, 30, 40, 56, 60, 80, 100, 112, 120, 168, 200 or 300. Use the",
+            "highest rate all nodes of the fabric support.",
+        ),
+        active=True,
+    )
+    route_preload: RoutePreload = option(
+        Keyword(
+            _ROUTE_PRELOADS,
+            numbered=True,
+            aliases={"full_opensm_v1": (RoutePreload.OPENSM_FULL_V1, "the man page's spelling")},
+        ),
+        RoutePreload.NONE,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="route preload",
+        help=(
+            "Fill the path cache at start-up: 'none' (default) or 'opensm_full_v1' to read",
+            "OpenSM's full path record dump from route_data_file.",
+        ),
+        active=True,
+    )
+    route_data_file: str = option(
+        Text(),
+        DEFAULT_ROUTE_DATA_FILE,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="route data file",
+        help="The path record dump read when route_preload is 'opensm_full_v1'.",
+    )
+    addr_preload: AddrPreload = option(
+        Keyword(_ADDR_PRELOADS, numbered=True),
+        AddrPreload.NONE,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="address preload",
+        help=(
+            "Fill the address cache at start-up: 'none' (default) or 'acm_hosts' to read",
+            "'<address> <GID>' lines from addr_data_file.",
+        ),
+        active=True,
+    )
+    addr_data_file: str = option(
+        Text(),
+        DEFAULT_ADDR_DATA_FILE,
+        reload=Reload.ENDPOINT,
+        read_by=_ACMP,
+        label="address data file",
+        help="The address list read when addr_preload is 'acm_hosts'.",
+    )
+    support_ips_in_addr_cfg: bool = option(
+        IntFlag(),
+        False,
+        reload=Reload.DAEMON,
+        read_by=_CORE,
+        label="support IP's in ibacm_addr.cfg",
+        help="1: also read IP addresses from ibacm_addr.cfg. Default 0.",
+    )
+    provider_lib_path: str = option(
+        Text(),
+        DEFAULT_PROVIDER_LIB_PATH,
+        reload=Reload.RESTART,
+        read_by=_CORE,
+        label="provider lib path",
+        help=(
+            "Directory of provider libraries built for rdma-core (acm_prov.h): both daemons",
+            "load them; this one with --fabric hw.",
+        ),
+    )
+    providers: list[ProviderLine] = option(
+        ProviderLines(),
+        [],
+        reload=Reload.RESTART,
+        read_by=ReadBy.PROVIDER_LINES,
+        label="provider",
+        help=(
+            "Which provider serves the ports of a subnet: 'provider <name> <subnet prefix>',",
+            "or 'provider <name> default' for every other port. This daemon has one",
+            "built-in provider, ibacmp, and loads the libraries in provider_lib_path.",
+        ),
+        examples=("provider ibacmp 0xFE80000000000000", "provider ibacmp default"),
+        key="provider",
+    )
+    # Extensions: the C daemon ignores these keys.
+    sa_timeout: int | None = option(
+        Timeout[int | None](),
+        None,
+        reload=Reload.DAEMON,  # read by every SA query
+        read_by=_EXT,
+        label="sa timeout",
+        help="Milliseconds per SA query attempt (default: the value of timeout).",
+        examples=("sa_timeout 2000",),
+        follows="timeout",
+    )
+    sa_retries: int | None = option(
+        Integer[int | None](minimum=0),
+        None,
+        reload=Reload.DAEMON,
+        read_by=_EXT,
+        label="sa retries",
+        help="SA query retries (default: the value of retries).",
+        examples=("sa_retries 2",),
+        follows="retries",
+    )
+    log_format: LogFormat = option(
+        Keyword({"auto": LogFormat.AUTO, "json": LogFormat.JSON, "console": LogFormat.CONSOLE}),
+        LogFormat.AUTO,
+        reload=Reload.DAEMON,
+        read_by=_EXT,
+        label="log format",
+        help="'auto', 'json' or 'console'.",
+    )
+    run_dir: str = option(
+        Text(),
+        RUNDIR,
+        reload=Reload.RESTART,
+        read_by=_EXT,
+        label="run dir",
+        help="Directory of the client sockets and port files.",
+    )
+    admin_socket: str | None = option(
+        UnsetText(),
+        None,
+        reload=Reload.RESTART,
+        read_by=_EXT,
+        label="admin socket",
+        help="Administration socket (default: ibacm-admin.sock in run_dir).",
+        examples=(f"admin_socket {RunPaths(Path(RUNDIR)).admin_socket}",),
+        follows="admin_socket_path",
+    )
+    cache_max_entries: int = option(
+        Integer[int](minimum=0, clamp=False),
+        65536,
+        reload=Reload.ENDPOINT,
+        read_by=_EXT,
+        label="cache max entries",
+        help="Cached destinations per endpoint (full: unused ones go first); 0 = no limit.",
+    )
+    cache_file: str | None = option(
+        OptionalPath(),
+        None,
+        reload=Reload.ENDPOINT,  # the cache file's saver starts with the endpoint
+        read_by=_EXT,
+        label="cache file",
+        help="Where the destination cache is saved across restarts ('none' = not saved).",
+    )
+    cache_save_interval: int = option(
+        Integer[int](minimum=0, clamp=False),
+        300,
+        reload=Reload.ENDPOINT,
+        read_by=_EXT,
+        label="cache save interval",
+        help="Seconds between cache saves; 0 = only at shutdown.",
+    )
+    join_retry_initial_ms: int = option(
+        Integer[int](minimum=1, clamp=False),
+        1000,
+        reload=Reload.PROVIDER,
+        read_by=_EXT,
+        label="join retry initial ms",
+        help="First wait before a failed multicast join is tried again.",
+    )
+    join_retry_max_ms: int = option(
+        Integer[int](minimum=1, clamp=False),
+        60000,
+        reload=Reload.PROVIDER,
+        read_by=_EXT,
+        label="join retry max ms",
+        help="Longest wait between join attempts (the wait doubles each time).",
+    )
+    route_bulk_preload: bool = option(
+        YesNo(),
+        False,
+        reload=Reload.ENDPOINT,
+        read_by=_EXT,
+        label="route bulk preload",
+        help="'yes': fetch all paths of an endpoint with one SA table query at start-up.",
+    )
+    metrics_port: int = option(
+        Integer[int](minimum=0, maximum=0xFFFF, clamp=False),
+        0,
+        reload=Reload.RESTART,
+        read_by=_EXT,
+        label="metrics port",
+        help="TCP port of the metrics endpoint on 127.0.0.1; 0 = off.",
+    )
+    capture_file: str | None = option(
+        OptionalPath(),
+        None,
+        reload=Reload.DAEMON,
+        read_by=_EXT,
+        label="capture file",
+        help="File receiving a capture of every MAD ('none' = off).",
+    )
+    provider_prefer: ProviderPrefer = option(
+        Keyword({"python": ProviderPrefer.PYTHON, "library": ProviderPrefer.LIBRARY}),
+        ProviderPrefer.PYTHON,
+        reload=Reload.RESTART,
+        read_by=_EXT,
+        label="provider prefer",
+        help=(
+            "'python' or 'library': which provider is loaded when a library in",
+            "provider_lib_path has the name of a Python provider (rdma-core's libibacmp.so",
+            "and this daemon's provider are both 'ibacmp').",
+        ),
+    )
+    max_clients: int = option(
+        Integer[int](minimum=1, clamp=False),
+        16384,
+        reload=Reload.DAEMON,  # the next connection and the next sweep see it
+        read_by=_EXT,
+        label="max clients",
+        help=(
+            "Client connections at once; more are refused. Kept below the open-file limit,",
+            "with a reserve for the administration socket.",
+        ),
+    )
+    max_clients_per_user: int = option(
+        Integer[int](minimum=0, clamp=False),
+        1024,
+        reload=Reload.DAEMON,
+        read_by=_EXT,
+        label="max clients per user",
+        help=(
+            "Client connections at once of one local user other than root (the client",
+            "socket is open to everybody); 0 = no per-user limit.",
+        ),
+    )
+    client_request_timeout: int = option(
+        Integer[int](minimum=0, clamp=False),
+        10,
+        reload=Reload.DAEMON,
+        read_by=_EXT,
+        label="client request timeout",
+        help="Seconds a client may take to finish sending a request it began; 0 = no limit.",
+    )
+    client_idle_timeout: int = option(
+        Integer[int](minimum=0, clamp=False),
+        0,
+        reload=Reload.DAEMON,
+        read_by=_EXT,
+        label="client idle timeout",
+        help=(
+            "Seconds a client connection may stay without a request; 0 = no limit (the",
+            "default: an application's librdmacm connects once and never reconnects).",
+        ),
+    )
 
     @property
     def min_mtu_bytes(self) -> int:
@@ -296,411 +756,37 @@ class Options:
     def summary(
         self, options_file: str = DEFAULT_OPTS_FILE, addr_file: str = DEFAULT_ADDR_FILE
     ) -> list[tuple[str, str]]:
-        """(label, value) pairs the daemon logs at start-up: core, provider, then extensions.
+        """(label, value) pairs the daemon logs at start-up: what each C parser reads (core,
+        with the file names, then provider, then provider lines), then the extensions.
 
         Provider enums are shown as numbers, as the C provider logs them.
         """
-        core = [
-            ("log file", self.log_file),
-            ("log level", str(self.log_level)),
-            ("umad debug level", str(self.umad_debug_level)),
-            ("lock file", self.lock_file),
-            ("server_port", str(self.server_port)),
-            ("server_mode", self.server_mode.name.lower()),
-            ("acme_plus_kernel_only", _yes_no(self.acme_plus_kernel_only)),
-            ("timeout", str(self.timeout)),
-            ("retries", str(self.retries)),
-            ("sa depth", str(self.sa_depth)),
-            ("options file", options_file),
-            ("addr file", addr_file),
-            ("provider lib path", self.provider_lib_path),
-            ("support IP's in ibacm_addr.cfg", str(int(self.support_ips_in_addr_cfg))),
-        ]
-        provider = [
-            ("address resolution", str(self.addr_prot.value)),
-            ("address timeout", str(self.addr_timeout)),
-            ("route resolution", str(self.route_prot.value)),
-            ("route timeout", str(self.route_timeout)),
-            ("loopback resolution", str(self.loopback_prot.value)),
-            ("timeout", str(self.timeout)),
-            ("retries", str(self.retries)),
-            ("resolve depth", str(self.resolve_depth)),
-            ("send depth", str(self.send_depth)),
-            ("receive depth", str(self.recv_depth)),
-            ("minimum mtu", str(self.min_mtu)),
-            ("minimum rate", str(self.min_rate)),
-            ("route preload", str(self.route_preload.value)),
-            ("route data file", self.route_data_file),
-            ("address preload", str(self.addr_preload.value)),
-            ("address data file", self.addr_data_file),
-        ]
-        providers = [
-            ("provider", f"{p.name} {'default' if p.default else f'0x{p.prefix or 0:016x}'}")
-            for p in self.providers
-        ]
-        extensions = [
-            ("sa timeout", str(self.effective_sa_timeout)),
-            ("sa retries", str(self.effective_sa_retries)),
-            ("log format", self.log_format.value),
-            ("run dir", self.run_dir),
-            ("admin socket", str(self.admin_socket_path)),
-            ("cache max entries", str(self.cache_max_entries)),
-            ("cache file", self.cache_file or "none"),
-            ("cache save interval", str(self.cache_save_interval)),
-            ("join retry initial ms", str(self.join_retry_initial_ms)),
-            ("join retry max ms", str(self.join_retry_max_ms)),
-            ("route bulk preload", _yes_no(self.route_bulk_preload)),
-            ("metrics port", str(self.metrics_port)),
-            ("capture file", self.capture_file or "none"),
-            ("provider prefer", self.provider_prefer.value),
-            ("max clients", str(self.max_clients)),
-            ("max clients per user", str(self.max_clients_per_user)),
-            ("client request timeout", str(self.client_request_timeout)),
-            ("client idle timeout", str(self.client_idle_timeout)),
-        ]
-        return core + provider + providers + extensions
-
-
-def _yes_no(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenising, as sscanf("%s") and stricmp() see text: ASCII white space, ASCII case folding.
-
-_C_SPACE_RUN = re.compile(f"[{re.escape(cnumbers.C_SPACE)}]+")
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def c_tokens(line: str) -> list[str]:
-    """White-space separated tokens as ``sscanf("%s")`` finds them (ASCII white space only)."""
-    return [token for token in _C_SPACE_RUN.split(line) if token]
-
-
-def c_lower(text: str) -> str:
-    """ASCII-only lowercase, like C's stricmp: non-ASCII letters are never folded."""
-    return text.translate(_ASCII_LOWER)
-
-
-def c_lines(text: str, sink: IssueSink, limit: int = C_MAX_LINE) -> list[tuple[int, str]]:
-    """Split ``text`` as ``fgets`` would see it, numbered from 1, without C's line cutting.
-
-    Warns about lines the C daemon would cut at ``limit`` characters, and cuts lines at an
-    embedded NUL, where every C string function stops.
-    """
-    numbered = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        if "\0" in line:
-            sink.warn(number, "NUL character in line; the rest of the line is ignored")
-            line = line[: line.index("\0")]
-        # C counts bytes; a trailing CR only adds white space to what C reads next.
-        length = len(line.rstrip("\r").encode("utf-8", "surrogateescape"))
-        if length > limit:
-            sink.warn(
-                number,
-                f"line is {length} bytes long; read as one line, but the C daemon reads at "
-                f"most {limit} bytes per line and would split it",
-            )
-        numbered.append((number, line))
-    return numbered
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-key value handlers
-
-
-@dataclass
-class _Setting:
-    """One ``key value`` line being applied."""
-
-    key: str
-    value: str
-    line: int
-    sink: IssueSink
-    invalid: bool = False
-
-    def warn(self, message: str) -> None:
-        self.sink.warn(self.line, f"{self.key} {message}")
-
-    def error(self, message: str) -> None:
-        """An invalid value: the daemon does not start with it, a reload is refused.
-
-        Only the first error of a line is kept: the checks after it judge the value the
-        first one made up ("banana" read as 0), which the line never said."""
-        if not self.invalid:
-            self.invalid = True
-            self.sink.error(self.line, f"{self.key} {message}")
-
-    def c_int(self) -> int:
-        """The value as C ``atoi`` reads it; an error when that is not the number written."""
-        number = cnumbers.atoi(self.value)
-        problem = cnumbers.atoi_problem(self.value)
-        if problem is not None:
-            self.error(
-                f"value {self.value!r} {problem} (accepted: an integer); "
-                f"the C daemon would silently use {number} (atoi)"
-            )
-        return number
-
-
-_Handler = Callable[[Options, _Setting], None]
-
-
-def _string(name: str) -> _Handler:
-    def handle(opts: Options, s: _Setting) -> None:
-        setattr(opts, name, s.value)
-
-    return handle
-
-
-def _optional_path(name: str) -> _Handler:
-    """A path extension where ``none`` (any case) means "not configured"."""
-
-    def handle(opts: Options, s: _Setting) -> None:
-        setattr(opts, name, None if c_lower(s.value) == "none" else s.value)
-
-    return handle
-
-
-def _integer(
-    name: str, minimum: int | None = None, fallback: int | None = None, maximum: int | None = None
-) -> _Handler:
-    """An atoi integer; outside [minimum, maximum] it warns and uses ``fallback`` (default:
-    the nearest limit)."""
-
-    def handle(opts: Options, s: _Setting) -> None:
-        number = s.c_int()
-        accepted = f"{'' if minimum is None else minimum}..{'' if maximum is None else maximum}"
-        if minimum is not None and number < minimum:
-            used = minimum if fallback is None else fallback
-            s.error(
-                f"value {number} is below {minimum} and would not work (accepted: {accepted}); "
-                f"the C daemon would use {number}"
-            )
-            number = used
-        elif maximum is not None and number > maximum:
-            used = maximum if fallback is None else fallback
-            s.error(f"value {number} is above {maximum} (accepted: {accepted})")
-            number = used
-        setattr(opts, name, number)
-
-    return handle
-
-
-def _timeout(name: str) -> _Handler:
-    """A timeout in ms, at least 1: with 0 or less no request could ever be answered."""
-
-    def handle(opts: Options, s: _Setting) -> None:
-        number = s.c_int()
-        if number < 1:
-            previous = getattr(opts, name)
-            shown = "following timeout" if previous is None else str(previous)
-            s.error(
-                f"value {number} makes every request time out (accepted: 1.. milliseconds); "
-                f"the C daemon would use {number}; keeping {shown}"
-            )
-            return
-        setattr(opts, name, number)
-
-    return handle
-
-
-def _lifetime(name: str) -> _Handler:
-    def handle(opts: Options, s: _Setting) -> None:
-        number = s.c_int()
-        if number < -1:
-            s.error(
-                f"value {number} is below -1 (accepted: -1 = never expire, or 0.. minutes); "
-                "the C daemon would never expire entries"
-            )
-        setattr(opts, name, number)
-
-    return handle
-
-
-def _keyword(name: str, table: dict[str, enum.Enum]) -> _Handler:
-    """A keyword value; an unknown keyword keeps the previous value, as in C."""
-
-    def handle(opts: Options, s: _Setting) -> None:
-        chosen = table.get(c_lower(s.value))
-        if chosen is None:
-            previous = getattr(opts, name)
-            allowed = ", ".join(sorted(table))
-            s.error(
-                f"value {s.value!r} is not one of {allowed}; the C daemon would keep "
-                f"{_keyword_of(table, previous)}"
-            )
-            return
-        setattr(opts, name, chosen)
-
-    return handle
-
-
-def _keyword_of(table: dict[str, enum.Enum], value: enum.Enum) -> str:
-    return next(word for word, member in table.items() if member is value)
-
-
-def _server_port(opts: Options, s: _Setting) -> None:
-    number = s.c_int()
-    port = number & 0xFFFF  # C: (short) atoi(), later bound as an unsigned 16-bit port
-    if not 0 <= number <= 0xFFFF:
-        s.error(
-            f"value {number} is not a TCP port (accepted: 0..65535, 0 = any free port); "
-            f"the C daemon would use {port}"
-        )
-    opts.server_port = port
-
-
-def _server_mode(opts: Options, s: _Setting) -> None:
-    word = c_lower(s.value)
-    modes = {"open": ServerMode.OPEN, "loop": ServerMode.LOOP, "unix": ServerMode.UNIX}
-    if word not in modes:
-        s.error(f"value {s.value!r} is not one of unix, loop, open; the C daemon would use unix")
-    opts.server_mode = modes.get(word, ServerMode.UNIX)
-
-
-def _c_flag(opts: Options, s: _Setting) -> None:
-    """acme_plus_kernel_only: "true", "yes" or strtol(value, 0) != 0, exactly as C."""
-    word = c_lower(s.value)
-    number = cnumbers.strtol(s.value, 0)
-    flag = word in ("true", "yes") or number.value != 0
-    if word not in ("true", "yes", "false", "no") and (
-        not number.converted or s.value[number.end :]
-    ):
-        s.error(
-            f"value {s.value!r} is not yes/no/true/false or a number; "
-            f"the C daemon would use {_yes_no(flag)}"
-        )
-    opts.acme_plus_kernel_only = flag
-
-
-def _int_flag(name: str) -> _Handler:
-    def handle(opts: Options, s: _Setting) -> None:
-        setattr(opts, name, s.c_int() != 0)
-
-    return handle
-
-
-def _yes_no_flag(name: str) -> _Handler:
-    """A boolean extension: yes/true/on/1 or no/false/off/0."""
-
-    def handle(opts: Options, s: _Setting) -> None:
-        word = c_lower(s.value)
-        if word in ("yes", "true", "on", "1"):
-            setattr(opts, name, True)
-        elif word in ("no", "false", "off", "0"):
-            setattr(opts, name, False)
-        else:
-            s.error(f"value {s.value!r} is not yes or no (accepted: yes, no, true, false, on, off)")
-
-    return handle
-
-
-def _min_mtu(opts: Options, s: _Setting) -> None:
-    number = s.c_int()
-    if number not in MTU_ENUM:
-        allowed = ", ".join(str(size) for size in MTU_ENUM)
-        s.error(f"value {s.value!r} is not one of {allowed}; the C daemon would use 2048")
-    opts.min_mtu = MTU_ENUM.get(number, DEFAULT_MTU_ENUM)
-
-
-def _min_rate(opts: Options, s: _Setting) -> None:
-    number = s.c_int()
-    if number not in RATE_ENUM:
-        allowed = ", ".join(str(rate) for rate in sorted(RATE_ENUM))
-        s.error(f"value {s.value!r} is not one of {allowed}; the C daemon would use 10")
-    opts.min_rate = RATE_ENUM.get(number, DEFAULT_RATE_ENUM)
-
-
-def _route_preload(opts: Options, s: _Setting) -> None:
-    if c_lower(s.value) == "full_opensm_v1":
-        s.warn(
-            "value 'full_opensm_v1' (the man page's spelling) accepted as opensm_full_v1; "
-            "the C daemon accepts only opensm_full_v1 and would ignore it"
-        )
-        opts.route_preload = RoutePreload.OPENSM_FULL_V1
-        return
-    _route_preload_keyword(opts, s)
-
-
-def _log_file(opts: Options, s: _Setting) -> None:
-    # stdout/stderr are matched case-insensitively by C; store them in one spelling.
-    word = c_lower(s.value)
-    opts.log_file = word if word in ("stdout", "stderr") else s.value
-
-
-_ROUTE_PRELOADS: dict[str, enum.Enum] = {
-    "none": RoutePreload.NONE,
-    "no": RoutePreload.NONE,
-    "opensm_full_v1": RoutePreload.OPENSM_FULL_V1,
-}
-
-_route_preload_keyword = _keyword("route_preload", _ROUTE_PRELOADS)
-
-_HANDLERS: dict[str, _Handler] = {
-    # core
-    "log_file": _log_file,
-    "log_level": _integer("log_level"),
-    "umad_debug_level": _integer("umad_debug_level"),
-    "lock_file": _string("lock_file"),
-    "server_port": _server_port,
-    "server_mode": _server_mode,
-    "acme_plus_kernel_only": _c_flag,
-    "provider_lib_path": _string("provider_lib_path"),
-    "support_ips_in_addr_cfg": _int_flag("support_ips_in_addr_cfg"),
-    "timeout": _timeout("timeout"),
-    "retries": _integer("retries", minimum=0),
-    "sa_depth": _integer("sa_depth", minimum=1),
-    # ibacmp
-    "addr_prot": _keyword("addr_prot", {"acm": AddrProt.ACM}),
-    "addr_timeout": _lifetime("addr_timeout"),
-    "route_prot": _keyword("route_prot", {"acm": RouteProt.ACM, "sa": RouteProt.SA}),
-    "route_timeout": _lifetime("route_timeout"),
-    "loopback_prot": _keyword(
-        "loopback_prot", {"none": LoopbackProt.NONE, "local": LoopbackProt.LOCAL}
-    ),
-    "resolve_depth": _integer("resolve_depth", minimum=1),
-    "send_depth": _integer("send_depth", minimum=1),
-    "recv_depth": _integer("recv_depth", minimum=1),
-    "min_mtu": _min_mtu,
-    "min_rate": _min_rate,
-    "route_preload": _route_preload,
-    "route_data_file": _string("route_data_file"),
-    "addr_preload": _keyword(
-        "addr_preload",
-        {"none": AddrPreload.NONE, "no": AddrPreload.NONE, "acm_hosts": AddrPreload.ACM_HOSTS},
-    ),
-    "addr_data_file": _string("addr_data_file"),
-    # extensions
-    "sa_timeout": _timeout("sa_timeout"),
-    "sa_retries": _integer("sa_retries", minimum=0),
-    "log_format": _keyword(
-        "log_format",
-        {"auto": LogFormat.AUTO, "json": LogFormat.JSON, "console": LogFormat.CONSOLE},
-    ),
-    "run_dir": _string("run_dir"),
-    "admin_socket": _string("admin_socket"),
-    "cache_max_entries": _integer("cache_max_entries", minimum=0, fallback=65536),
-    "cache_file": _optional_path("cache_file"),
-    "cache_save_interval": _integer("cache_save_interval", minimum=0, fallback=300),
-    "join_retry_initial_ms": _integer("join_retry_initial_ms", minimum=1, fallback=1000),
-    "join_retry_max_ms": _integer("join_retry_max_ms", minimum=1, fallback=60000),
-    "route_bulk_preload": _yes_no_flag("route_bulk_preload"),
-    "metrics_port": _integer("metrics_port", minimum=0, fallback=0, maximum=0xFFFF),
-    "capture_file": _optional_path("capture_file"),
-    "provider_prefer": _keyword(
-        "provider_prefer", {"python": ProviderPrefer.PYTHON, "library": ProviderPrefer.LIBRARY}
-    ),
-    "max_clients": _integer("max_clients", minimum=1, fallback=16384),
-    "max_clients_per_user": _integer("max_clients_per_user", minimum=0, fallback=1024),
-    "client_request_timeout": _integer("client_request_timeout", minimum=0, fallback=10),
-    "client_idle_timeout": _integer("client_idle_timeout", minimum=0, fallback=0),
-}
-# The one key the C provider compares case-sensitively.
-_CASE_SENSITIVE_KEYS = frozenset({"route_timeout"})
-
-KNOWN_KEYS: frozenset[str] = frozenset(_HANDLERS) | {"provider"}
+        pairs: list[tuple[str, str]] = []
+        for section in ReadBy:
+            for definition in OPTIONS:
+                if section in definition.read_by:
+                    pairs += self._entries(definition)
+            if section is ReadBy.CORE:
+                pairs += [("options file", options_file), ("addr file", addr_file)]
+        return pairs
+
+    def _entries(self, definition: OptionDef) -> list[tuple[str, str]]:
+        value = getattr(self, definition.name)
+        if value is None and definition.follows is not None:
+            return [(definition.label, str(getattr(self, definition.follows)))]
+        return definition.kind.entries(definition.label, value)
+
+
+OPTIONS: tuple[OptionDef, ...] = definitions(Options)
+"""Every option, in the order of the generated file."""
+BY_KEY: dict[str, OptionDef] = {definition.key: definition for definition in OPTIONS}
+KNOWN_KEYS: frozenset[str] = frozenset(BY_KEY)
 """Every key this parser understands (lowercase), including our extensions."""
+
+
+def option_names(*reloads: Reload) -> tuple[str, ...]:
+    """The ``Options`` fields a reload treats as one of ``reloads``, in definition order."""
+    return tuple(definition.name for definition in OPTIONS if definition.reload in reloads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -761,10 +847,10 @@ def _apply_line(
 ) -> None:
     key = tokens[0]
     lowered = c_lower(key)
-    if lowered == "provider":
-        provider = _provider_line(tokens, line, sink)
-        if provider is not None:
-            opts.providers.append(provider)
+    definition = BY_KEY.get(lowered)
+    if definition is not None and definition.kind.whole_line:
+        value = tokens[1] if len(tokens) > 1 else ""
+        _apply(opts, definition, Setting(lowered, value, line, sink, tokens=tuple(tokens)))
         return
     if len(tokens) < 2:
         sink.warn(line, f"key {key!r} has no value; line ignored")
@@ -772,11 +858,10 @@ def _apply_line(
     if len(key) > C_MAX_KEY:
         sink.warn(line, f"key {key[:40]!r}... is longer than {C_MAX_KEY} characters; ignored")
         return
-    if lowered in _CASE_SENSITIVE_KEYS and key != lowered:
+    if definition is not None and definition.case_sensitive and key != lowered:
         sink.warn(line, f"key {key!r} ignored: {lowered} must be written in lowercase (as in C)")
         return
-    handler = _HANDLERS.get(lowered)
-    if handler is None:
+    if definition is None:
         if lowered.startswith("provider"):
             # C's provider parser would have taken this line for a provider line.
             sink.warn(line, f"unknown key {key!r} ignored (C would read it as a provider line)")
@@ -785,8 +870,13 @@ def _apply_line(
         return
     if len(tokens) > 2 and not tokens[2].startswith("#"):
         sink.warn(line, f"{key}: text after the value {tokens[1]!r} is ignored")
-    handler(opts, _Setting(key=lowered, value=tokens[1], line=line, sink=sink))
+    _apply(opts, definition, Setting(lowered, tokens[1], line, sink))
     set_at[lowered] = line
+
+
+def _apply(opts: Options, definition: OptionDef, setting: Setting) -> None:
+    previous = getattr(opts, definition.name)
+    setattr(opts, definition.name, definition.kind.parse(setting, previous, definition.default))
 
 
 def _check_together(opts: Options, sink: IssueSink, set_at: dict[str, int]) -> None:

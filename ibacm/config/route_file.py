@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ibacm.config import cnumbers
+from ibacm.config.ctext import c_lines
 from ibacm.config.errors import ConfigIssue, IssueSink
-from ibacm.config.options import c_lines
 
 MULTICAST_LID_START = 0xC000
 _HEADER_WORDS = ("Switch", "Channel", "Router")

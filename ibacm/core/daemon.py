@@ -37,7 +37,14 @@ from ibacm import __version__
 from ibacm.config.addr_file import AddrEntry, parse_addr_file
 from ibacm.config.address_literals import classify
 from ibacm.config.errors import ConfigError, ConfigIssue, errors_in, invalid_settings
-from ibacm.config.options import Options, ProviderPrefer, ServerMode, load_options
+from ibacm.config.option_kinds import Reload
+from ibacm.config.options import (
+    Options,
+    ProviderPrefer,
+    ServerMode,
+    load_options,
+    option_names,
+)
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
 from ibacm.core.client_loop import ClientLimits
@@ -79,63 +86,14 @@ STATUS_KINDS = ("endpoint", "port")
 """Bus events that change STATUS= at once (cache entries and clients wait for the next look)."""
 BANNER = "Assistant to the InfiniBand Communication Manager"
 
-# What a reload does with each option (a test checks that every option is in one group).
-RESTART_OPTIONS = (
-    # Options the running daemon cannot change: a reload reports them and keeps the old value.
-    "server_mode",
-    "server_port",
-    "acme_plus_kernel_only",
-    "lock_file",
-    "run_dir",
-    "admin_socket",
-    "providers",
-    "provider_lib_path",
-    "provider_prefer",
-    "umad_debug_level",
-    "metrics_port",
-    # Built into an endpoint when it opens: its QP and sender tasks, its multicast groups,
-    # its preloads, its cache (and the cache file's saver).
-    "recv_depth",
-    "send_depth",
-    "route_prot",
-    "min_mtu",
-    "min_rate",
-    "route_preload",
-    "route_data_file",
-    "addr_preload",
-    "addr_data_file",
-    "route_bulk_preload",
-    "cache_max_entries",
-    "cache_file",
-    "cache_save_interval",
-)
-CORE_OPTIONS = (
-    # Applied by the daemon itself on reload.
-    "log_file",
-    "log_level",
-    "log_format",
-    "support_ips_in_addr_cfg",
-    "sa_depth",
-    "sa_timeout",  # read by every SA query
-    "sa_retries",
-    "capture_file",
-    "max_clients",  # the next connection and the next sweep see them
-    "max_clients_per_user",
-    "client_request_timeout",
-    "client_idle_timeout",
-)
-PROVIDER_OPTIONS = (
-    # Applied by the providers (``Provider.options_changed``) to their open endpoints.
-    "addr_prot",  # one value only (acm)
-    "timeout",
-    "retries",
-    "addr_timeout",
-    "route_timeout",
-    "loopback_prot",
-    "resolve_depth",
-    "join_retry_initial_ms",
-    "join_retry_max_ms",
-)
+# What a reload does with each option: each option's definition says (``OptionDef.reload``).
+RESTART_OPTIONS = option_names(Reload.RESTART, Reload.ENDPOINT)
+"""Options the running daemon cannot change, or that an endpoint is built with when it
+opens: a reload reports them and keeps the running value."""
+CORE_OPTIONS = option_names(Reload.DAEMON)
+"""Options the daemon applies itself on reload."""
+PROVIDER_OPTIONS = option_names(Reload.PROVIDER)
+"""Options the providers apply (``Provider.options_changed``) to their open endpoints."""
 
 
 def raise_fd_limit() -> int:

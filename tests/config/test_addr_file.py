@@ -15,7 +15,7 @@ from ibacm.config.addr_file import (
     generate_addr_file,
     parse_addr_file,
 )
-from ibacm.config.options import c_tokens
+from ibacm.config.ctext import c_tokens
 from ibacm.wire.client import AddrType
 
 PATH = "ibacm_addr.cfg"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import enum
 import inspect
 import os
 import re
@@ -15,9 +13,7 @@ from pathlib import Path
 import pytest
 
 import ibacm
-from ibacm.config.options import KNOWN_KEYS, Options
 from ibacm.core import cli
-from ibacm.core.daemon import RESTART_OPTIONS
 from ibacm.fabric.sim.faults import Faults
 from ibacm.provider import api
 from ibacm.provider.registry import check_provider_class
@@ -91,64 +87,7 @@ def test_see_also_points_at_pages_that_exist(page: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ibacm(8): the option file keys and their defaults
-
-
-def _expected_default(key: str) -> str:
-    """How the man page must show the default of ``key`` (from Options())."""
-    opts = Options()
-    special = {
-        "min_mtu": str(opts.min_mtu_bytes),
-        "min_rate": str(opts.min_rate_gbps),
-        "sa_timeout": "timeout",
-        "sa_retries": "retries",
-        "admin_socket": str(opts.admin_socket_path),
-        "support_ips_in_addr_cfg": str(int(opts.support_ips_in_addr_cfg)),
-    }
-    if key in special:
-        return special[key]
-    value = getattr(opts, key)
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, enum.Enum):
-        return value.value if isinstance(value.value, str) else value.name.lower()
-    return str(value)
-
-
-def _documented_keys() -> dict[str, str]:
-    """key -> the default the page states, from the '.BI "key " arg' entries."""
-    text = source("ibacm.8")
-    entries = re.split(r"^\.TP\n", text, flags=re.MULTILINE)
-    found: dict[str, str] = {}
-    for entry in entries:
-        head = re.match(r'\.BI "([a-z_]+) "', entry)
-        if head is None:
-            continue
-        body = entry.split("\n.S", 1)[0]
-        stated = (
-            re.findall(r"\\fB(.*?)\\fR\.", body.split("Default:", 1)[-1])
-            if "Default:" in body
-            else []
-        )
-        found[head.group(1)] = stated[-1].replace("\\-", "-") if stated else ""
-    return found
-
-
-def test_ibacm8_documents_every_option_key() -> None:
-    documented = _documented_keys()
-    assert sorted(documented) == sorted(KNOWN_KEYS)
-
-
-@pytest.mark.parametrize("key", sorted(KNOWN_KEYS - {"provider"}))
-def test_ibacm8_states_the_real_default(key: str) -> None:
-    assert _documented_keys()[key] == _expected_default(key)
-
-
-def test_every_options_field_is_a_documented_key() -> None:
-    fields = {f.name for f in dataclasses.fields(Options)} - {"providers"}
-    assert fields <= set(_documented_keys())
+# ibacm(8): the command line (its option file keys: tests/config/test_option_docs.py)
 
 
 def _help(command: str) -> str:
@@ -194,15 +133,6 @@ def test_ibacm_sim1_documents_every_fault() -> None:
     text = plain(render("ibacm-sim.1"))
     for name in Faults().as_dict():
         assert name in text, f"fault {name} is not documented"
-
-
-def test_ibacm8_lists_the_options_a_reload_cannot_change() -> None:
-    section = re.search(r" SIGNALS (.*) SYSTEMD ", plain(render("ibacm.8")))
-    assert section is not None
-    signals = section.group(1)
-    assert signals.startswith("SIGTERM")
-    for name in RESTART_OPTIONS:
-        assert ("provider" if name == "providers" else name) in signals, name
 
 
 def test_ibacm8_documents_the_short_options() -> None:
