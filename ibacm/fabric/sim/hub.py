@@ -489,7 +489,7 @@ def hub_argument_parser() -> argparse.ArgumentParser:
 
 async def run_hub_process(options: HubOptions) -> None:
     """Run world + hub in DIR until SIGTERM/SIGINT or a shutdown request; tidy up after."""
-    from ibacm.core.systemd import Notifier
+    from ibacm.sd_notify import Notifier
 
     directory = options.directory
     world = SimWorld(
