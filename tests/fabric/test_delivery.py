@@ -15,7 +15,7 @@ from ibacm.fabric.api import (
     SaSendError,
 )
 from ibacm.fabric.sim.fabric import SimPort
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord, SaMad, build_mc_join
 from tests.fabric.helpers import ACM_MGID, NodePort, acm_join_record, open_node, running
@@ -199,7 +199,7 @@ def await_event(port: int, kind: PortEventType) -> object:
 async def test_ports_without_a_cable_are_down_and_the_world_must_run(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    from ibacm.fabric.sim.topology import parse_ibnetdiscover
+    from ibacm.fabric.sim.topo_file import parse_ibnetdiscover
     from tests.fabric.helpers import net_example
 
     world = SimWorld(parse_ibnetdiscover(net_example("net.2sw2path4hca")))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ibacm.config.hosts_file import parse_hosts_file
 from ibacm.config.route_file import parse_route_file
-from ibacm.fabric.sim.topology import generate, parse_ibnetdiscover
+from ibacm.fabric.sim.topo_file import generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
 from tests.fabric.helpers import net_example
 

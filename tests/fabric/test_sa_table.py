@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ibacm.fabric.sim.topology import SPEED_CODES, Link, Topology, generate, parse_ibnetdiscover
+from ibacm.fabric.sim.topo_file import SPEED_CODES, Link, Topology, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import PortRuntime, SimWorld
 from ibacm.wire.mad import (
     Method,

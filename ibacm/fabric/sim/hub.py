@@ -34,7 +34,7 @@ from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.faults import FaultSettingError
 from ibacm.fabric.sim.hub_client import HubConnectionLost, HubError, HubFabric, hub_call
 from ibacm.fabric.sim.hub_protocol import Frame, FrameType
-from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
+from ibacm.fabric.sim.topo_file import Topology, TopologyError, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import DeviceRuntime, HostRuntime, PortRuntime, SimWorld, WorldQp
 
 DATA_QUEUE_LIMIT = 65536

@@ -55,7 +55,7 @@ from ibacm.fabric.sim.multicast import JOIN_FULL, JOIN_NON_MEMBER, MLID_FIRST, M
 from ibacm.fabric.sim.routing import Router
 from ibacm.fabric.sim.sa import SubnetAdministrator, pkey_shared
 from ibacm.fabric.sim.scheduler import DeliveryScheduler
-from ibacm.fabric.sim.topology import UNICAST_LID_MAX, Host, Topology, gid_of
+from ibacm.fabric.sim.topo_file.model import UNICAST_LID_MAX, Host, Topology, gid_of
 from ibacm.wire.notice import Trap
 
 if TYPE_CHECKING:  # the in-process fabric imports this module
