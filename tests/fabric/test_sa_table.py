@@ -1,8 +1,8 @@
 """The GetTable fast path of the simulated SA gives the same records as one GET per pair.
 
 A PathRecord GetTable from one source works the source side out once for every destination
-(``Router.bottlenecks_from``, ``SubnetAdministrator._table_from``); these tests hold it to
-the per-pair rules (``Router.path``, PathRecord GET) on fabrics with mixed link speeds and
+(``Router.bottlenecks_from``, ``PathRecords._table_from`` in ``sa_paths.py``); these tests hold
+it to the per-pair rules (``Router.path``, PathRecord GET) on fabrics with mixed link speeds and
 MTUs, partitions, a port that is down, and queries with selectors and the reversible bit.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from ibacm.fabric.sim.runtime import PortRuntime
 from ibacm.fabric.sim.topo_file import SPEED_CODES, Link, Topology, generate, parse_ibnetdiscover
-from ibacm.fabric.sim.world import PortRuntime, SimWorld
+from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import (
     Method,
     RmppReassembler,
@@ -94,7 +95,7 @@ QUERIES: list[tuple[str, PathRecord, int | None]] = [
 def test_get_table_is_one_get_per_pair(name: str, query: PathRecord, mask: int | None) -> None:
     world = world_of(mixed_fabric())
     targets = world.endpoints()
-    prefix = world.subnet_prefix.to_bytes(8, "big")
+    prefix = world.topology.subnet_prefix.to_bytes(8, "big")
     for source in ("node1", "node3", "node5", "node8", "node9", "node17"):
         port = world.port(source, "mlx5_0", 1)
         query.sgid = port.gid0
