@@ -1,7 +1,8 @@
 """The simulated InfiniBand fabric: the same MAD bytes as hardware, on trio's clock.
 
 * ``SimWorld(topology)`` — the whole fabric in one process (SM/SA, multicast, delivery,
-  faults, counters); ``world.fabric(node)`` is a node's ``ibacm.fabric.api.Fabric``.
+  faults, counters), wired from the objects that do each job (``world.py`` names them);
+  ``world.fabric(node)`` is a node's ``ibacm.fabric.api.Fabric``.
 * ``generate`` / ``parse_ibnetdiscover`` — topologies (``topo_file/``).
 * ``serve_hub`` / ``HubFabric`` — one world shared by daemons in separate processes.
 """
