@@ -29,9 +29,10 @@ from ibacm.core.daemonize import Readiness, daemonize
 from ibacm.core.listeners import ListenerError
 from ibacm.core.logging import LogControl
 from ibacm.core.pidfile import LockFileError, PidLock
-from ibacm.core.systemd import InheritedSockets, Notifier, SocketActivationError, take_listen_fds
+from ibacm.core.systemd import InheritedSockets, SocketActivationError, take_listen_fds
 from ibacm.fabric.api import Fabric, FabricError, NoDevicesError
 from ibacm.log import get_logger
+from ibacm.sd_notify import Notifier
 
 log = get_logger("ibacm.cli")
 

@@ -57,7 +57,6 @@ from ibacm.core.model import EndpointState, find_endpoint, iter_endpoints
 from ibacm.core.netlink_ls import LsService, open_ls_socket, serve_netlink
 from ibacm.core.services import DaemonServices
 from ibacm.core.srcaddr import Probe, kernel_probe
-from ibacm.core.systemd import Notifier
 from ibacm.core.topology import AddressFile, Topology, endpoint_summary, port_info
 from ibacm.fabric.api import Fabric, NoDevicesError
 from ibacm.fabric.capture import CaptureControl, CaptureError, TapFabric
@@ -70,6 +69,7 @@ from ibacm.provider.registry import (
     discover_providers,
     merge_libraries,
 )
+from ibacm.sd_notify import Notifier
 from ibacm.wire.client import AddrType
 
 log = get_logger("ibacm.daemon")

@@ -533,7 +533,7 @@ class Acme:
 
     def _topology_ports(self) -> tuple[list[PortEntry], str] | None:
         """A simulated node whose cluster is down: its ports as DIR/topology.json describes."""
-        from ibacm.fabric.sim.topology import Topology, TopologyError
+        from ibacm.fabric.sim.topo_file import Topology, TopologyError
 
         assert self.s.sim_dir is not None and self.s.sim_node is not None
         topology_file = self.s.sim_dir / "topology.json"

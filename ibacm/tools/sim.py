@@ -47,7 +47,7 @@ from ibacm.config.route_file import parse_route_file
 from ibacm.fabric.api import FabricError
 from ibacm.fabric.sim.faults import Faults, FaultSettingError
 from ibacm.fabric.sim.hub import hub_call
-from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
+from ibacm.fabric.sim.topo_file import Topology, TopologyError, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.tools import sim_exec, sim_kinds, sim_procs
 from ibacm.tools.sim_kinds import KindError, NodeKind

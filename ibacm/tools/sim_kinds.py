@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ibacm.fabric.emu.build import EmuBuildError, ensure_library
 from ibacm.fabric.emu.protocol import SOCKET_ENV
-from ibacm.fabric.sim.topology import Topology
+from ibacm.fabric.sim.topo_file import Topology
 from ibacm.tools.sim_ns import NamespaceError, private_run_argv
 from ibacm.tools.spawn import module_command
 

@@ -23,7 +23,7 @@ from ibacm.config.options import Options
 from ibacm.core.sa import SaChannel, TidCounter
 from ibacm.fabric.api import Device, PortEventType, SaSendError
 from ibacm.fabric.sim.fabric import SimFabric
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import (
     CoreAddress,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ibacm.fabric.sim.topology import Topology
+from ibacm.fabric.sim.topo_file import Topology
 from tests.conftest import ibacm_sim, require_file, require_peer
 
 pytestmark = [pytest.mark.peer]

@@ -94,7 +94,7 @@ from ibacm.config.options import Options
 from ibacm.fabric.api import ZERO_GID as ZERO_GID_API
 from ibacm.fabric.api import AddressVector, ReceivedMad
 from ibacm.fabric.sim.hub import serve_hub
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import Counter as AcmCounter
 from ibacm.tools.admin_cli import AdminConnection

@@ -62,7 +62,7 @@ import trio.testing
 
 import ibacm
 from ibacm.config.options import Options, RouteProt
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
 from tests.bench import plots, storm_cluster

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from ibacm.fabric.sim.topology import Topology
+from ibacm.fabric.sim.topo_file import Topology
 from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag
 
 SA_CLASS, ACM_CLASS, PATH_RECORD_ATTR = 0x03, 0x2C, 0x0035

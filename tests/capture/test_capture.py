@@ -27,7 +27,7 @@ from ibacm.fabric.capture import (
     TapFabric,
     describe_mad,
 )
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire import erf
 from ibacm.wire.acm_mad import AcmMad

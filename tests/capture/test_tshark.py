@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from ibacm.fabric.capture import CaptureControl, TapFabric
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire import erf
 from ibacm.wire.acm_mad import AcmMad, acm_request, acm_response, mgid_for

@@ -22,7 +22,7 @@ from ibacm.core.srcaddr import Probe
 from ibacm.core.topology import AddressFile
 from ibacm.core.topology import Topology as CoreTopology
 from ibacm.fabric.api import IpAddress
-from ibacm.fabric.sim.topology import Topology, generate
+from ibacm.fabric.sim.topo_file import Topology, generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import ProviderEntry, ProviderSet

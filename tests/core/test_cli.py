@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from ibacm.fabric.sim.hub import serve_hub
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import EpConfig, decode_ep_reply, encode_ep_request
 from tests.core.support import AcmClient

@@ -14,7 +14,7 @@ import trio
 
 from ibacm.core.dispatch import CoreError, plan_address_form
 from ibacm.core.model import AddressSlot, all_addresses
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.provider.api import Counter
 from ibacm.wire.client import (
     HDR_LEN,

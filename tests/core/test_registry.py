@@ -9,7 +9,7 @@ import pytest
 from ibacm.config.options import Options, ProviderLine, parse_options
 from ibacm.core.daemon import provider_choice
 from ibacm.core.services import DaemonServices
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.provider.api import ENTRY_POINT_GROUP, Counters
 from ibacm.provider.registry import (
     PrefixRule,

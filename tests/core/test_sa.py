@@ -12,7 +12,7 @@ from ibacm.config.options import Options
 from ibacm.core.sa import TID_MAX, SaChannel, TidCounter
 from ibacm.core.services import DaemonServices
 from ibacm.fabric.api import SaSendError, SaTimeout
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import Counters
 from ibacm.wire.mad import SaMad, build_path_get

@@ -14,7 +14,7 @@ import trio
 
 from ibacm.core.model import EndpointState, find_address, iter_endpoints, make_address_key
 from ibacm.fabric.api import PortEvent, PortEventType
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.provider.route_table import Hit, RouteTable
 from ibacm.wire.client import AddrType
 from tests.core.support import Core, make_options, sim_core

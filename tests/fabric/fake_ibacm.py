@@ -21,8 +21,8 @@ from pathlib import Path
 
 import trio
 
-from ibacm.core.systemd import Notifier
 from ibacm.fabric.sim.hub import HubFabric
+from ibacm.sd_notify import Notifier
 
 
 def read_options(path: str) -> dict[str, str]:

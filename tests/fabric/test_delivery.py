@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from random import Random
+
 import pytest
 import trio
 
@@ -12,10 +15,16 @@ from ibacm.fabric.api import (
     PortDownError,
     PortEventType,
     PortState,
+    ReceivedMad,
     SaSendError,
 )
+from ibacm.fabric.sim.delivery import Delivery, mad_key
+from ibacm.fabric.sim.directory import Directory
 from ibacm.fabric.sim.fabric import SimPort
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.faults import FaultInjector, Faults
+from ibacm.fabric.sim.multicast import GroupTable
+from ibacm.fabric.sim.routing import Router
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord, SaMad, build_mc_join
 from tests.fabric.helpers import ACM_MGID, NodePort, acm_join_record, open_node, running
@@ -199,7 +208,7 @@ def await_event(port: int, kind: PortEventType) -> object:
 async def test_ports_without_a_cable_are_down_and_the_world_must_run(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    from ibacm.fabric.sim.topology import parse_ibnetdiscover
+    from ibacm.fabric.sim.topo_file import parse_ibnetdiscover
     from tests.fabric.helpers import net_example
 
     world = SimWorld(parse_ibnetdiscover(net_example("net.2sw2path4hca")))
@@ -215,3 +224,62 @@ async def test_ports_without_a_cable_are_down_and_the_world_must_run(
         (await world.fabric("Hca1").open())[0].port(3)
     with pytest.raises(FabricError, match="no node named"):
         world.fabric("Hca9")
+
+
+class Received:
+    """A QP's receive queue as the fabric sees it: it takes at most ``room`` MADs."""
+
+    def __init__(self, room: int = 8) -> None:
+        self.mads: list[tuple[float, ReceivedMad]] = []
+        self.room = room
+
+    def deliver(self, received: ReceivedMad) -> bool:
+        if len(self.mads) >= self.room:
+            return False
+        self.mads.append((trio.current_time(), received))
+        return True
+
+
+def test_mad_key_names_class_method_and_attribute() -> None:
+    assert mad_key(acm_mad(method=0x81)) == (0x2C, 0x81, 0)  # ACM MADs have no attribute
+    assert mad_key(build_mc_join(1, acm_join_record(bytes(16)))) == (0x03, 0x02, 0x38)
+
+
+@pytest.mark.trio
+async def test_delivery_takes_the_hops_latency_and_counts_what_it_drops(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    topology = generate(2)
+    directory = Directory(topology, Router(topology))
+    faults, stats = Faults(), Counter[str]()
+    delivery = Delivery(
+        directory, GroupTable(), faults, FaultInjector(faults, Random(0)), stats, link_latency=0.5
+    )
+    a, b = (directory.port(name, "mlx5_0", 1) for name in ("node1", "node2"))
+    sink, wrong_qkey = Received(room=1), Received()
+    qa = delivery.create_qp(a, 0, Received())
+    qb = delivery.create_qp(b, 0, sink)
+    qc = delivery.create_qp(b, 0, wrong_qkey, qkey=0x1234)
+    av = AddressVector(dlid=b.lid, dgid=b.gid0)
+    with pytest.raises(FabricError, match="not running"):
+        delivery.ud_send(qa, acm_mad(), av, qb.qpn)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(delivery.run)
+        started = trio.current_time()
+        delivery.ud_send(qa, acm_mad(tag=1), av, qb.qpn)
+        delivery.ud_send(qa, acm_mad(tag=2), av, qb.qpn)  # the receive queue is full
+        delivery.ud_send(qa, acm_mad(tag=3), av, qc.qpn)
+        delivery.ud_send(qa, acm_mad(tag=4), av, 0x999)
+        faults.loss = 1.0
+        delivery.ud_send(qa, acm_mad(tag=5), av, qb.qpn)
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    hops = directory.router.path(a.guid, b.guid)
+    assert hops is not None and hops.hops == 2  # HCA -> switch -> HCA
+    ((arrived, got),) = sink.mads
+    assert arrived - started == pytest.approx(2 * 0.5) and got.mad == acm_mad(tag=1)
+    assert not wrong_qkey.mads
+    assert (stats["rnr_drop"], stats["qkey_drop"], stats["no_qp"], stats["lost"]) == (1, 1, 1, 1)
+    assert delivery.count(mgmt_class=0x2C) == 5  # every MAD put on the wire is counted
+    delivery.destroy_qp(qb)
+    assert qb.closed and qb.qpn not in b.qps

@@ -16,7 +16,7 @@ from ibacm.fabric.api import (
     SaDestination,
     SaTimeout,
 )
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord, SaMad, build_mc_join, build_path_get
 from ibacm.wire.path_record import PathRecord

@@ -7,7 +7,7 @@ import trio
 
 from ibacm.fabric.api import AddressVector, UdQp
 from ibacm.fabric.sim.faults import Faults, FaultSettingError
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import SaMad, build_path_get
 from ibacm.wire.path_record import PathRecord

@@ -25,7 +25,7 @@ from ibacm.fabric.api import (
 )
 from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.hub import HubError, HubFabric, hub_call, serve_hub
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord, SaMad, build_mc_join, build_path_get_table
 from ibacm.wire.path_record import PathRecord

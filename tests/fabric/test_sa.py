@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from ibacm.fabric.api import SaDestination, SaTimeout
-from ibacm.fabric.sim.topology import SPEED_CODES, Link, generate, parse_ibnetdiscover
+from ibacm.fabric.sim.topo_file import SPEED_CODES, Link, generate, parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import (
     McComp,

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.fabric.sim.topology import generate
-from ibacm.fabric.sim.world import REPORT_RETRIES, SimWorld
+from ibacm.fabric.sim.sa_transport import REPORT_RETRIES
+from ibacm.fabric.sim.topo_file import generate
+from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import SaMad, SaStatus, sa_status_word
 from ibacm.wire.notice import (
     InformInfo,

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibacm.fabric.sim.topology import generate
-from ibacm.fabric.sim.world import PortRuntime, SimWorld
+from ibacm.fabric.sim.runtime import PortRuntime
+from ibacm.fabric.sim.topo_file import generate
+from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import MadStatus, SaMad
 
 WORLD = SimWorld(generate(4))

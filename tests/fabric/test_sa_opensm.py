@@ -20,7 +20,7 @@ import json
 import pytest
 import trio
 
-from ibacm.fabric.sim.topology import parse_ibnetdiscover
+from ibacm.fabric.sim.topo_file import parse_ibnetdiscover
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import Method, SaMad
 from tests.fabric.helpers import DATA, open_node, running

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from ibacm.fabric.api import MULTICAST_QPN, AddressVector, UdQp
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord, SaMad, build_mc_join
 from tests.fabric.helpers import ACM_MGID, NodePort, acm_join_record, open_node, running

@@ -30,7 +30,7 @@ from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
 from ibacm.core.metrics import DaemonMetrics, MetricsError, serve_metrics
 from ibacm.fabric.capture import Direction, MadTrace, SaExchange, SaOutcome, TapFabric
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.registry import ProviderEntry
 from ibacm.wire.mad import build_path_get

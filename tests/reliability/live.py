@@ -27,7 +27,7 @@ from ibacm.core.services import DaemonServices
 from ibacm.core.topology import AddressFile
 from ibacm.core.topology import Topology as CoreTopology
 from ibacm.fabric.api import IpAddress
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import ProviderEntry, ProviderSet

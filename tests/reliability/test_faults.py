@@ -21,7 +21,7 @@ import trio
 import trio.testing
 
 from ibacm.config.options import RouteProt
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import AcmStatus
 from tests.reliability.live import CoreNode, resolve_frame, start_core_node

@@ -14,7 +14,7 @@ import trio
 from ibacm.config.addr_file import generate_addr_file
 from ibacm.config.opts_template import render_opts_file
 from ibacm.fabric.sim.hub import serve_hub
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.tools import ib_acme
 from ibacm.wire.client import AcmMessage, AddrType

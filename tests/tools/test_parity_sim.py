@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.fabric.sim.topology import HcaPort, Topology, gid_of
+from ibacm.fabric.sim.topo_file import HcaPort, Topology, gid_of
 from ibacm.wire.path_record import gid_to_text
 from tests.conftest import require_peer
 from tests.tools.conftest import Result, run_c, run_ours

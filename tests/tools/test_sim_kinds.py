@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ibacm.fabric.sim.topology import generate
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.tools import sim_kinds
 from ibacm.tools.sim import main as sim_main
 from ibacm.tools.sim_kinds import KindError, NodeKind, parse_kinds

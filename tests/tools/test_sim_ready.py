@@ -29,7 +29,7 @@ from ibacm.tools.sim_ready import (
     parse_notify,
 )
 
-# A sender as the daemon sends (ibacm.core.systemd.Notifier): one READY=1 datagram, retried on
+# A sender as the daemon sends (ibacm.sd_notify.Notifier): one READY=1 datagram, retried on
 # a full queue (EAGAIN) with growing pauses for at most argv[4] s (the daemon: 5), then dropped
 # (exit 7). It starts when the test unlocks the file given as argv[1] (it waits for a shared
 # lock): all at once. argv[2]: "ready" (notify, then wait to be killed), "silent" (mark argv[3]

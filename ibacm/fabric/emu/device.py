@@ -34,7 +34,6 @@ from pathlib import Path
 
 import trio
 
-from ibacm.core.systemd import Notifier
 from ibacm.fabric.api import (
     ACM_QKEY,
     MAD_SIZE,
@@ -48,6 +47,7 @@ from ibacm.fabric.emu.protocol import Op
 from ibacm.fabric.hw.verbs_attrs import EVENT_CODES
 from ibacm.fabric.sim.hub_client import HubDevice, HubFabric, HubPort, HubUdQp
 from ibacm.log import get_logger
+from ibacm.sd_notify import Notifier
 from ibacm.wire.mad import Method, MgmtClass
 
 log = get_logger("ibacm.emu")

@@ -1,9 +1,9 @@
 """The in-process ``Fabric`` of one simulated node (``world.fabric("node1")``).
 
-Devices, ports and UD QPs are thin handles on the world's runtime state: sends go straight to
-``SimWorld``, receives and events arrive in bounded (QP) or unbounded (events) trio memory
-channels. Closing the fabric destroys its QPs and stops its event and SA deliveries, as a
-process exit would.
+Devices, ports and UD QPs are thin handles on the world's runtime records: UD sends go straight
+to its ``Delivery``, SA MADs to its ``SaTransport``; receives and events arrive in bounded (QP)
+or unbounded (events) trio memory channels. Closing the fabric destroys its QPs and stops its
+event and SA deliveries, as a process exit would.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,26 +32,27 @@ from ibacm.fabric.api import (
     SaDestination,
     UdQp,
 )
+from ibacm.fabric.sim.delivery import Delivery
+from ibacm.fabric.sim.directory import Directory
+from ibacm.fabric.sim.runtime import DeviceRuntime, HostRuntime, PortRuntime, WorldQp
+from ibacm.fabric.sim.sa_transport import SaTransport
 from ibacm.fabric.sim.umad import UmadAgent
-
-if TYPE_CHECKING:
-    from ibacm.fabric.sim.world import DeviceRuntime, HostRuntime, PortRuntime, SimWorld, WorldQp
 
 
 class SimUdQp(UdQp):
     """A UD QP whose receive queue holds ``recv_depth`` MADs (more are dropped)."""
 
     def __init__(
-        self, world: SimWorld, port: PortRuntime, pkey_index: int, recv_depth: int, qkey: int
+        self, delivery: Delivery, port: PortRuntime, pkey_index: int, recv_depth: int, qkey: int
     ) -> None:
         if recv_depth < 1:
             raise FabricError(f"recv_depth must be >= 1, got {recv_depth}")
-        self._world = world
+        self._delivery = delivery
         self._depth = recv_depth
         # A deque and a parking lot: cheaper than a memory channel on the delivery hot path.
         self._queue: deque[ReceivedMad] = deque()
         self._waiters = trio.lowlevel.ParkingLot()
-        self._qp: WorldQp = world.create_qp(port, pkey_index, self, qkey=qkey)
+        self._qp: WorldQp = delivery.create_qp(port, pkey_index, self, qkey=qkey)
 
     @property
     def qpn(self) -> int:
@@ -72,7 +72,7 @@ class SimUdQp(UdQp):
 
     async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
         await trio.lowlevel.checkpoint()
-        self._world.ud_send(self._qp, mad, av, remote_qpn)
+        self._delivery.ud_send(self._qp, mad, av, remote_qpn)
 
     async def receive(self) -> ReceivedMad:
         await self._wait_queued()
@@ -98,14 +98,14 @@ class SimUdQp(UdQp):
 
     async def attach_mcast(self, mgid: bytes, mlid: int) -> None:
         await trio.lowlevel.checkpoint()
-        self._world.attach(self._qp, mgid, mlid)
+        self._delivery.attach(self._qp, mgid, mlid)
 
     async def detach_mcast(self, mgid: bytes, mlid: int) -> None:
         await trio.lowlevel.checkpoint()
-        self._world.detach(self._qp, mgid, mlid)
+        self._delivery.detach(self._qp, mgid, mlid)
 
     def close(self) -> None:
-        self._world.destroy_qp(self._qp)
+        self._delivery.destroy_qp(self._qp)
         self._queue.clear()
         self._waiters.unpark_all()
 
@@ -128,11 +128,13 @@ class SimPort(Port):
     async def query(self) -> PortAttributes:
         await trio.lowlevel.checkpoint()
         self._device.fabric.check_open()
-        return self._device.world.port_attributes(self._runtime)
+        return self._device.fabric.directory.port_attributes(self._runtime)
 
     def _umad(self) -> UmadAgent:
         if self._agent is None:
-            agent_id = self._device.world.register_agent(self._runtime, self._deliver_sa)
+            agent_id = self._device.fabric.sa_transport.register_agent(
+                self._runtime, self._deliver_sa
+            )
             self._agent = UmadAgent(agent_id)
         return self._agent
 
@@ -144,11 +146,11 @@ class SimPort(Port):
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
         self._device.fabric.check_open()
-        world, runtime = self._device.world, self._runtime
+        sa_transport, runtime = self._device.fabric.sa_transport, self._runtime
 
         async def transmit(wire: bytes) -> None:
             await trio.lowlevel.checkpoint()
-            world.sa_transmit(runtime, wire, dest)
+            sa_transport.transmit(runtime, wire, dest)
 
         return await self._umad().send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
 
@@ -160,20 +162,20 @@ class SimPort(Port):
         self._device.fabric.check_open()
         self._umad()  # registered from now on: the SA's answers and Reports find this port
         await trio.lowlevel.checkpoint()
-        self._device.world.sa_transmit(self._runtime, mad, dest)
+        self._device.fabric.sa_transport.transmit(self._runtime, mad, dest)
 
     async def open_ud(self, pkey_index: int, *, recv_depth: int, qkey: int = ACM_QKEY) -> UdQp:
         """The ACM UD QP; ``qkey`` exists so tests can show a Q_Key mismatch being dropped."""
         await trio.lowlevel.checkpoint()
         fabric = self._device.fabric
         fabric.check_open()
-        qp = SimUdQp(self._device.world, self._runtime, pkey_index, recv_depth, qkey)
+        qp = SimUdQp(fabric.delivery, self._runtime, pkey_index, recv_depth, qkey)
         fabric.qps.append(qp)
         return qp
 
     def close(self) -> None:
         if self._agent is not None:
-            self._device.world.unregister_agent(self._runtime, self._agent.agent_id)
+            self._device.fabric.sa_transport.unregister_agent(self._runtime, self._agent.agent_id)
             self._agent = None
 
 
@@ -181,11 +183,10 @@ class SimDevice(PortTableDevice["SimPort"]):
     def __init__(self, fabric: SimFabric, runtime: DeviceRuntime) -> None:
         super().__init__(runtime.name, runtime.node_guid)
         self.fabric = fabric
-        self.world = fabric.world
         self._runtime = runtime
         self.ports = {p.num: SimPort(self, p) for p in runtime.ports}
         self._events_in, self._events_out = trio.open_memory_channel[PortEvent](math.inf)
-        self.world.subscribe_events(runtime, self)
+        runtime.subscribe(self)
 
     def deliver_event(self, event: PortEvent) -> None:
         with contextlib.suppress(trio.ClosedResourceError):
@@ -195,7 +196,7 @@ class SimDevice(PortTableDevice["SimPort"]):
         return await self._events_out.receive()
 
     def close(self) -> None:
-        self.world.unsubscribe_events(self._runtime, self)
+        self._runtime.unsubscribe(self)
         for port in self.ports.values():
             port.close()
         self._events_out.close()
@@ -205,14 +206,22 @@ class SimDevice(PortTableDevice["SimPort"]):
 class SimFabric(Fabric):
     """The Fabric of one node of a ``SimWorld``; see the module docstring."""
 
-    def __init__(self, world: SimWorld, host: HostRuntime) -> None:
-        self.world = world
+    def __init__(
+        self,
+        host: HostRuntime,
+        directory: Directory,
+        delivery: Delivery,
+        sa_transport: SaTransport,
+    ) -> None:
+        self.directory = directory
+        self.delivery = delivery
+        self.sa_transport = sa_transport
         self._host = host
         self.devices: list[SimDevice] = []
         self.qps: list[SimUdQp] = []
         self._closed = False
         self._ip_in, self._ip_out = trio.open_memory_channel[IpEvent](math.inf)
-        world.subscribe_ip(host, self)
+        host.subscribe_ip(self)
 
     @property
     def hostname(self) -> str:
@@ -250,7 +259,7 @@ class SimFabric(Fabric):
                 qp.close()
             for device in self.devices:
                 device.close()
-            self.world.unsubscribe_ip(self._host, self)
+            self._host.unsubscribe_ip(self)
             self._ip_out.close()
             self._ip_in.close()
         await trio.lowlevel.checkpoint()

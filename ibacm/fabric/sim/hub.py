@@ -34,8 +34,9 @@ from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.faults import FaultSettingError
 from ibacm.fabric.sim.hub_client import HubConnectionLost, HubError, HubFabric, hub_call
 from ibacm.fabric.sim.hub_protocol import Frame, FrameType
-from ibacm.fabric.sim.topology import Topology, TopologyError, generate, parse_ibnetdiscover
-from ibacm.fabric.sim.world import DeviceRuntime, HostRuntime, PortRuntime, SimWorld, WorldQp
+from ibacm.fabric.sim.runtime import DeviceRuntime, HostRuntime, PortRuntime, WorldQp
+from ibacm.fabric.sim.topo_file import Topology, TopologyError, generate, parse_ibnetdiscover
+from ibacm.fabric.sim.world import SimWorld
 
 DATA_QUEUE_LIMIT = 65536
 """UD MADs a hub holds for one client before dropping (the client is not reading)."""
@@ -176,7 +177,7 @@ class _Session:
             qp = self.qps.get(handle)
             if qp is None or qp.qp is None:
                 raise FabricError(f"no QP with handle {handle}")
-            self.world.ud_send(qp.qp, mad, av, remote_qpn)
+            self.world.delivery.ud_send(qp.qp, mad, av, remote_qpn)
         except FabricError as exc:
             self.push(hp.encode_reply(call_id, error=exc))
         else:
@@ -186,7 +187,7 @@ class _Session:
         call_id, device, port, sm_lid, sm_sl, pkey_index, mad = hp.decode_sa_send(body)
         try:
             runtime = self._port(device, port)
-            self.world.sa_transmit(runtime, mad, SaDestination(sm_lid, sm_sl, pkey_index))
+            self.world.sa_transport.transmit(runtime, mad, SaDestination(sm_lid, sm_sl, pkey_index))
         except FabricError as exc:
             self.push(hp.encode_reply(call_id, error=exc))
         else:
@@ -238,14 +239,14 @@ class _Session:
         for index, device in enumerate(self.devices):
             sink = _DeviceSink(self, index)
             self.device_sinks.append(sink)
-            self.world.subscribe_events(device, sink)
+            device.subscribe(sink)
             ports = []
             for port in device.ports:
-                agent = self.world.register_agent(port, self._sa_sink(index, port.num))
+                agent = self.world.sa_transport.register_agent(port, self._sa_sink(index, port.num))
                 self.agents.append((port, agent))
                 ports.append({"num": port.num, "agent": agent})
             devices.append({"name": device.name, "node_guid": device.node_guid, "ports": ports})
-        self.world.subscribe_ip(host, self)
+        host.subscribe_ip(self)
         self.hub.sessions.add(self)
         return {"node": host.name, "devices": devices}
 
@@ -256,7 +257,8 @@ class _Session:
         return deliver
 
     def _op_query(self, request: dict[str, Any]) -> Any:
-        attrs = self.world.port_attributes(self._port(int(request["device"]), int(request["port"])))
+        port = self._port(int(request["device"]), int(request["port"]))
+        attrs = self.world.directory.port_attributes(port)
         return hp.attrs_to_json(attrs)
 
     def _op_addresses(self, request: dict[str, Any]) -> Any:
@@ -268,7 +270,7 @@ class _Session:
         handle = self.next_handle
         sink = _HubQp(self, handle)
         kwargs = {"qkey": int(request["qkey"])} if "qkey" in request else {}
-        sink.qp = self.world.create_qp(port, int(request["pkey_index"]), sink, **kwargs)
+        sink.qp = self.world.delivery.create_qp(port, int(request["pkey_index"]), sink, **kwargs)
         self.next_handle += 1
         self.qps[handle] = sink
         return {"handle": handle, "qpn": sink.qp.qpn}
@@ -282,19 +284,21 @@ class _Session:
     def _op_rebind_qp(self, request: dict[str, Any]) -> Any:
         port = self._port(int(request["device"]), int(request["port"]))
         pkey_index, qkey = int(request["pkey_index"]), int(request["qkey"])
-        self.world.rebind_qp(self._qp(request), port, pkey_index, qkey)
+        self.world.delivery.rebind_qp(self._qp(request), port, pkey_index, qkey)
 
     def _op_close_qp(self, request: dict[str, Any]) -> Any:
         qp = self._qp(request)
-        self.world.destroy_qp(qp)
+        self.world.delivery.destroy_qp(qp)
         del self.qps[int(request["handle"])]
         return None
 
     def _op_attach(self, request: dict[str, Any]) -> Any:
-        self.world.attach(self._qp(request), bytes.fromhex(request["mgid"]), int(request["mlid"]))
+        mgid, mlid = bytes.fromhex(request["mgid"]), int(request["mlid"])
+        self.world.delivery.attach(self._qp(request), mgid, mlid)
 
     def _op_detach(self, request: dict[str, Any]) -> Any:
-        self.world.detach(self._qp(request), bytes.fromhex(request["mgid"]), int(request["mlid"]))
+        mgid, mlid = bytes.fromhex(request["mgid"]), int(request["mlid"])
+        self.world.delivery.detach(self._qp(request), mgid, mlid)
 
     # -- control --------------------------------------------------------------------------
 
@@ -360,14 +364,14 @@ class _Session:
         world = self.world
         for sink in self.qps.values():
             if sink.qp is not None:
-                world.destroy_qp(sink.qp)
+                world.delivery.destroy_qp(sink.qp)
         self.qps.clear()
         for port, agent in self.agents:
-            world.unregister_agent(port, agent)
+            world.sa_transport.unregister_agent(port, agent)
         for device, device_sink in zip(self.devices, self.device_sinks, strict=False):
-            world.unsubscribe_events(device, device_sink)
+            device.unsubscribe(device_sink)
         if self.host is not None:
-            world.unsubscribe_ip(self.host, self)
+            self.host.unsubscribe_ip(self)
         self.hub.sessions.discard(self)
 
 
@@ -489,7 +493,7 @@ def hub_argument_parser() -> argparse.ArgumentParser:
 
 async def run_hub_process(options: HubOptions) -> None:
     """Run world + hub in DIR until SIGTERM/SIGINT or a shutdown request; tidy up after."""
-    from ibacm.core.systemd import Notifier
+    from ibacm.sd_notify import Notifier
 
     directory = options.directory
     world = SimWorld(

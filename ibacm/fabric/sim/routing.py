@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ibacm.fabric.sim.topology import LinkEnd, Topology
+from ibacm.fabric.sim.topo_file.model import LinkEnd, Topology
 from ibacm.wire.rates import get_rate, rate_to_gbps
 
 

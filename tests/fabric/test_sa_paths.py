@@ -1,8 +1,8 @@
-"""The GetTable fast path of the simulated SA gives the same records as one GET per pair.
+"""PathRecord queries to the simulated SA; its GetTable fast path gives what one GET per pair does.
 
 A PathRecord GetTable from one source works the source side out once for every destination
-(``Router.bottlenecks_from``, ``SubnetAdministrator._table_from``); these tests hold it to
-the per-pair rules (``Router.path``, PathRecord GET) on fabrics with mixed link speeds and
+(``Router.bottlenecks_from``, ``PathRecords._table_from`` in ``sa_paths.py``); these tests hold
+it to the per-pair rules (``Router.path``, PathRecord GET) on fabrics with mixed link speeds and
 MTUs, partitions, a port that is down, and queries with selectors and the reversible bit.
 """
 
@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import pytest
 
-from ibacm.fabric.sim.topology import SPEED_CODES, Link, Topology, generate, parse_ibnetdiscover
-from ibacm.fabric.sim.world import PortRuntime, SimWorld
+from ibacm.fabric.api import PortState
+from ibacm.fabric.sim.directory import Directory
+from ibacm.fabric.sim.multicast import GroupTable
+from ibacm.fabric.sim.routing import Router
+from ibacm.fabric.sim.runtime import PortRuntime
+from ibacm.fabric.sim.sa_paths import MAX_PAIRS, PathRecords
+from ibacm.fabric.sim.sa_view import SaFail
+from ibacm.fabric.sim.topo_file import SPEED_CODES, Link, Topology, generate, parse_ibnetdiscover
+from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import (
     Method,
     RmppReassembler,
     SaMad,
+    SaStatus,
     build_path_get,
     build_path_get_table,
+    sa_status_word,
 )
 from ibacm.wire.path_record import PathComp, PathRecord
 from tests.fabric.helpers import net_example
@@ -94,7 +103,7 @@ QUERIES: list[tuple[str, PathRecord, int | None]] = [
 def test_get_table_is_one_get_per_pair(name: str, query: PathRecord, mask: int | None) -> None:
     world = world_of(mixed_fabric())
     targets = world.endpoints()
-    prefix = world.subnet_prefix.to_bytes(8, "big")
+    prefix = world.topology.subnet_prefix.to_bytes(8, "big")
     for source in ("node1", "node3", "node5", "node8", "node9", "node17"):
         port = world.port(source, "mlx5_0", 1)
         query.sgid = port.gid0
@@ -134,3 +143,35 @@ def test_the_sa_counts_the_records_it_answers() -> None:
     pair.dgid = bytes(16)
     world.sa.handle(port, build_path_get(3, pair, mask | PathComp.DGID))  # no such port
     assert world.sa.records_sent[0x35] == records + 1
+
+
+def test_path_records_give_a_get_one_record_and_a_table_every_reachable_port() -> None:
+    topology = generate(4)
+    directory = Directory(topology, Router(topology))
+    paths = PathRecords(directory, GroupTable())
+    directory.set_state(directory.port("node4", "mlx5_0", 1), PortState.DOWN)
+    port = directory.port("node1", "mlx5_0", 1)
+    query = PathRecord(pkey=0xFFFF, sgid=port.gid0)
+    mask = int(PathComp.SGID | PathComp.PKEY)
+    table = paths.query(port, SaMad.decode(build_path_get_table(1, query, mask)))
+    # The switch, node1 (loopback) and node2, node3: not the port that is down.
+    assert [PathRecord.decode(r).dlid for r in table] == [1, 2, 3, 4]
+    (only,) = paths.query(port, SaMad.decode(build_path_get(2, query, mask)))
+    assert PathRecord.decode(only).dlid == 1  # the first match in LID order
+    query.dgid = directory.port("node4", "mlx5_0", 1).gid0
+    assert paths.query(port, SaMad.decode(build_path_get(3, query, mask | PathComp.DGID))) == []
+
+
+MAX_PAIRS_NODES = 500
+"""With its switches, more than sqrt(MAX_PAIRS) endpoints: every source to every destination."""
+
+
+def test_a_query_over_too_many_pairs_is_refused() -> None:
+    topology = generate(MAX_PAIRS_NODES)
+    directory = Directory(topology, Router(topology))
+    paths = PathRecords(directory, GroupTable())
+    port = directory.port("node1", "mlx5_0", 1)
+    assert len(directory.endpoints()) ** 2 > MAX_PAIRS
+    with pytest.raises(SaFail) as failure:
+        paths.query(port, SaMad.decode(build_path_get_table(1, PathRecord(), 0)))
+    assert failure.value.status == sa_status_word(SaStatus.NO_RESOURCES)
