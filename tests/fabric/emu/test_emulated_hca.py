@@ -111,10 +111,10 @@ class Fabric:
         return trio.run(hub_call, self.root / "hub.sock", request)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen[Any]) -> None:
     deadline = time.monotonic() + 30
     while not path.exists():
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        assert proc.poll() is None, f"{proc.args!r} exited with {proc.returncode}"
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.05)
 
@@ -124,7 +124,7 @@ def fabric(tmp_path: Path) -> Iterator[Fabric]:
     require_peer(SYSTEM_PYTHON)
     require_file(PYVERBS)
     library = ensure_library()
-    procs = []
+    procs: list[subprocess.Popen[Any]] = []
     try:
         hub = subprocess.Popen(
             [sys.executable, "-m", "ibacm.fabric.sim.hub", "--dir", str(tmp_path), "--nodes", "2"],
