@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ibacm.core.daemonize import Readiness
 from tests.conftest import REPO
 
 # The daemon's side: writes what it sees to argv[1], then reports argv[2] (or nothing).
@@ -72,3 +73,18 @@ def test_a_failed_start_is_the_shells_exit_status_and_message(
     done, _ = start(tmp_path, report)
     assert done.returncode == status
     assert done.stderr.startswith(stderr), done.stderr
+
+
+def test_only_the_first_report_counts_and_a_gone_shell_is_no_error() -> None:
+    read_fd, write_fd = os.pipe()
+    readiness = Readiness(write_fd)
+    readiness.report(0)
+    readiness.report(5, "too late")  # already closed: ignored
+    assert not readiness.pending
+    with os.fdopen(read_fd, "rb") as pipe:
+        assert pipe.read() == b"0\n"
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the original process is gone
+    gone = Readiness(write_fd)
+    gone.report(1, "nobody hears this")
+    assert not gone.pending

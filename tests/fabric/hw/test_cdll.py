@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ibacm.fabric.emu.build import ensure_library
+from ibacm.fabric.hw.cdll import load_interposable
 from tests.conftest import REPO, require_file
 
 LIBIBUMAD = Path("/usr/lib/x86_64-linux-gnu/libibumad.so.3")
@@ -50,3 +51,8 @@ def test_the_functions_are_the_ones_a_c_caller_gets(preloaded: bool) -> None:
     for name, where in json.loads(done.stdout).items():
         assert where["own"] != where["emu"], name
         assert where["loaded"] == (where["emu"] if preloaded else where["own"]), name
+
+
+def test_a_missing_library_is_an_oserror() -> None:
+    with pytest.raises(OSError, match="libibacm-no-such"):
+        load_interposable("libibacm-no-such.so.1")
