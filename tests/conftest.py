@@ -3,11 +3,17 @@
 Real peers (Debian's ib_acme, OpenSM, tshark, ...) are used where the project talks to them.
 A test that needs one calls ``require_peer``: locally a missing peer skips the test, under
 CI (``CI=true``) it fails, so CI can never go green without exercising the real component.
+The same rule holds for every other requirement (a file, a module, root, a build, a resource
+limit): the ``require_*`` helpers below. Only a test that does not apply to this host at all
+(RDMA hardware present, a big-endian CPU: conditions CI never has) skips under CI too, through
+``not_applicable``/``not_applicable_if``. These are the only places a test may skip
+(tests/test_conftest.py checks it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,6 +21,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -35,25 +42,55 @@ def _third_party(executable: str) -> str | None:
     return None
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI") == "true"
+
+
+def missing(message: str) -> NoReturn:
+    """An unmet requirement: the test skips here and fails under CI."""
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def require(condition: bool, message: str) -> None:
+    """A requirement of another kind (a build, a resource limit, a writable path)."""
+    if not condition:
+        missing(message)
+
+
 def require_peer(executable: str) -> str:
     """Return the path of a real third-party executable, or skip/fail when it is missing."""
     path = _third_party(executable) or (executable if os.path.exists(executable) else None)
     if path is None:
-        message = f"real peer {executable!r} is not installed (run scripts/setup.sh as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"real peer {executable!r} is not installed (run scripts/setup.sh as root)")
     return path
 
 
 def require_file(path: Path) -> Path:
     """Like require_peer, for a data file shipped by a Debian package or beside the repo."""
-    if not path.exists():
-        message = f"required file {path} is missing"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require(path.exists(), f"required file {path} is missing")
     return path
+
+
+def require_module(name: str) -> None:
+    """Like require_peer, for a Python module of the test extras."""
+    require(importlib.util.find_spec(name) is not None, f"Python module {name!r} is missing")
+
+
+def require_root(why: str) -> None:
+    """Like require_peer, for root (CI runs as root, see scripts/setup.sh)."""
+    require(os.geteuid() == 0, f"needs root: {why}")
+
+
+def not_applicable(reason: str) -> NoReturn:
+    """The test does not apply to this host (a condition CI never has): a skip, CI or not."""
+    pytest.skip(f"not applicable here: {reason}")
+
+
+def not_applicable_if(condition: bool, reason: str) -> pytest.MarkDecorator:
+    """``not_applicable`` as a mark, decided at collection."""
+    return pytest.mark.skipif(condition, reason=f"not applicable here: {reason}")
 
 
 def ibacm_sim(*args: str) -> subprocess.CompletedProcess[str]:

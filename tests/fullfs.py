@@ -10,16 +10,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from tests.conftest import missing, require_root
 
 SIZE = 64 * 1024
 FILLER = "filler"
-
-
-def _unavailable(message: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @contextlib.contextmanager
@@ -28,8 +22,7 @@ def full_tmpfs(directory: Path, *, room: int = 0) -> Iterator[Path]:
     pages by tmpfs), yield it, unmount it. ``free(directory)`` empties it again, ``fill``
     fills it up."""
     directory.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0:
-        _unavailable("mounting a full tmpfs needs root")
+    require_root("mounting a full tmpfs")
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(directory)],
         capture_output=True,
@@ -37,7 +30,7 @@ def full_tmpfs(directory: Path, *, room: int = 0) -> Iterator[Path]:
         check=False,
     )
     if mounted.returncode != 0:
-        _unavailable(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+        missing(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
     try:
         fill(directory, SIZE - room)
         yield directory

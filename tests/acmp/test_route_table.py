@@ -74,8 +74,8 @@ def mismatches(endpoint: AcmpEndpoint) -> list[str]:
         if actual.get(key) != expected.get(key)
     ]
     for key, hit in routes.items():
-        entry = cache.get(key)
-        if entry is None or entry.hit is not hit:
+        cached = cache.get(key)
+        if cached is None or cached.hit is not hit:
             problems.append(f"{key!r}: the table's Hit is not its entry's")
     return problems
 

@@ -8,11 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ibacm import compiled
 from ibacm.compiled import ENV, MODULES, digest, source_path
 from ibacm.compiled.build import prune
+from tests.conftest import require, require_peer, require_root
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,8 +77,7 @@ def test_asking_for_a_missing_build_or_a_bad_mode_fails_and_says_why(tmp_path: P
 
 
 def test_an_incomplete_build_is_not_loaded(tmp_path: Path) -> None:
-    if not (compiled.build_dir() / compiled.MANIFEST).is_file():
-        pytest.skip("no compiled build here (scripts/setup.sh builds it with mypyc)")
+    _require_build()
     copy = tmp_path / compiled.build_dir().name
     shutil.copytree(compiled.build_dir(), copy)
     compiled.extension_path(copy, MODULES[0]).unlink()
@@ -98,9 +96,9 @@ def _confined(
 ) -> subprocess.CompletedProcess[str]:
     """``code`` run as under the shipped unit: ProtectHome= hides the home's cache and the
     unit's bounding set has no CAP_DAC_OVERRIDE, so looking into ``hidden`` fails (EACCES)."""
-    if shutil.which("capsh") is None or os.geteuid() != 0:
-        pytest.skip("needs root and capsh to drop CAP_DAC_OVERRIDE")
-    drop = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c"]
+    capsh = require_peer("capsh")
+    require_root("capsh drops CAP_DAC_OVERRIDE")
+    drop = [capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c"]
     environ = {k: v for k, v in os.environ.items() if k != ENV}
     environ |= {"IBACM_LIB_DIR": str(hidden / "ibacm"), ENV: mode}
     (hidden / "ibacm").mkdir(parents=True, exist_ok=True)
@@ -153,11 +151,10 @@ def test_a_build_of_these_sources_is_what_1_and_auto_load() -> None:
 
 
 def _require_build() -> None:
-    if not (compiled.build_dir() / compiled.MANIFEST).is_file():
-        message = "no compiled build here (scripts/setup.sh builds it with mypyc)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require(
+        (compiled.build_dir() / compiled.MANIFEST).is_file(),
+        "no compiled build here (scripts/setup.sh builds it with mypyc)",
+    )
 
 
 def test_a_package_runs_the_build_shipped_beside_its_modules(tmp_path: Path) -> None:

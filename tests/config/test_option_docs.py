@@ -116,7 +116,9 @@ def test_ibacm8_states_the_real_default(key: str) -> None:
 @pytest.mark.parametrize("key", [d.key for d in OPTIONS if isinstance(d.kind, Keyword)])
 def test_ibacm8_names_every_keyword_an_option_accepts(key: str) -> None:
     entry = _man_entries()[key][1]
-    for word in (*BY_KEY[key].kind.table, *BY_KEY[key].kind.aliases):
+    kind = BY_KEY[key].kind
+    assert isinstance(kind, Keyword)
+    for word in (*kind.table, *kind.aliases):
         assert re.search(rf"(?<![\w-]){word}(?![\w-])", entry), f"{key}: {word} not named"
 
 

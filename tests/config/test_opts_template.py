@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ibacm.config.ctext import c_lower
 from ibacm.config.options import (
     MTU_ENUM,
     RATE_ENUM,
@@ -17,7 +18,6 @@ from ibacm.config.options import (
     RoutePreload,
     RouteProt,
     ServerMode,
-    c_lower,
     parse_options,
 )
 from ibacm.config.opts_template import render_opts_file

@@ -22,6 +22,7 @@ from ibacm.fabric.sim.hub import serve_hub
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import EpConfig, decode_ep_reply, encode_ep_request
+from tests.conftest import not_applicable_if
 from tests.core.support import AcmClient
 
 IBACM = [sys.executable, "-m", "ibacm.core.cli"]
@@ -68,7 +69,7 @@ def _has_infiniband() -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
-@pytest.mark.skipif(_has_infiniband(), reason="this machine has InfiniBand devices")
+@not_applicable_if(_has_infiniband(), "this machine has InfiniBand devices")
 @pytest.mark.parametrize("foreground", [True, False])
 def test_no_device_is_one_line_and_exit_1(tmp_path: Path, foreground: bool) -> None:
     opts = write_opts(tmp_path)

@@ -27,6 +27,7 @@ from ibacm.wire.client import (
     encode_ep_request,
     encode_perf_request,
 )
+from tests.conftest import require
 from tests.core.support import AcmClient, make_options, sim_daemon
 
 PERF = encode_perf_request()
@@ -187,8 +188,7 @@ async def test_2000_pipelined_uncached_requests_on_one_reading_connection(tmp_pa
 @pytest.mark.trio
 async def test_2000_connections_held_and_served(tmp_path: Path) -> None:
     # Both ends live in this process: 4000 descriptors (the daemon raises soft to hard).
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4200:
-        pytest.skip("the hard open-file limit is below 4200")
+    require(resource.getrlimit(resource.RLIMIT_NOFILE)[1] >= 4200, "hard open-file limit < 4200")
     async with sim_daemon(tmp_path) as run:
         clients = []
         for _ in range(2000):

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from ibacm.config.options import Options, ServerMode
-from tests.conftest import require_peer
+from tests.conftest import missing, require, require_peer
 from tests.core.support import cluster
 
 PERF_HEADER = (
@@ -146,7 +146,7 @@ def run_port_file(port: int) -> Iterator[None]:
     try:
         RUN_PORT_FILE.write_text(f"{port}\n")
     except OSError as exc:
-        pytest.skip(f"{RUN_PORT_FILE} is not writable here: {exc.strerror}")
+        missing(f"{RUN_PORT_FILE} is not writable here: {exc.strerror}")
     try:
         yield
     finally:
@@ -160,8 +160,10 @@ def run_port_file(port: int) -> Iterator[None]:
 @pytest.mark.trio
 async def test_loop_mode_over_tcp(tmp_path: Path) -> None:
     require_peer("ib_acme")
-    if not os.access(RUN_PORT_FILE.parent, os.W_OK):
-        pytest.skip(f"{RUN_PORT_FILE.parent} is not writable: ib_acme reads the port there")
+    require(
+        os.access(RUN_PORT_FILE.parent, os.W_OK),
+        f"{RUN_PORT_FILE.parent} is not writable: ib_acme reads the port there",
+    )
     home = tmp_path / "node1"
     options = Options(
         log_file="stderr",

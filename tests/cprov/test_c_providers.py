@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -25,7 +24,7 @@ import pytest
 
 from ibacm.cprov import abi
 from ibacm.fabric.sim.topo_file import Topology
-from tests.conftest import ibacm_sim, require_file, require_peer
+from tests.conftest import ibacm_sim, in_ci, require_file, require_peer, require_root
 
 pytestmark = [pytest.mark.peer]
 
@@ -147,7 +146,8 @@ def snapshot(path: Path) -> dict[str, object]:
         sock.settimeout(10)
         sock.connect(str(path))
         reader = sock.makefile("rb")
-        for number, cmd in enumerate(({"cmd": "hello", "versions": [1]}, {"cmd": "snapshot"})):
+        commands: list[dict[str, object]] = [{"cmd": "hello", "versions": [1]}, {"cmd": "snapshot"}]
+        for number, cmd in enumerate(commands):
             sock.sendall(json.dumps({"v": 1, "id": number, **cmd}).encode() + b"\n")
             reply = json.loads(reader.readline())
         result: dict[str, object] = reply["result"]
@@ -157,8 +157,8 @@ def snapshot(path: Path) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def debian() -> Iterator[Cluster]:
     require_file(DEBIAN_PROVIDERS / "libibacmp.so")
-    if os.geteuid() != 0 and os.environ.get("CI") == "true":
-        pytest.fail("C ibacm nodes need root")
+    if in_ci():
+        require_root("C ibacm nodes")
     opts = f"provider_lib_path {DEBIAN_PROVIDERS}\nprovider_prefer library\n"
     cluster = start(4, opts, "--hw", "node4", "--c-ibacm", "node2")
     try:

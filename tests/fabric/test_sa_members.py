@@ -24,7 +24,7 @@ from ibacm.wire.mad import (
     build_mc_leave,
     sa_status_word,
 )
-from tests.fabric.helpers import acm_join_record
+from tests.fabric.helpers import ACM_QKEY, acm_join_record
 
 
 def mc_query(tid: int, *, sm_key: int = 0) -> SaMad:
@@ -41,8 +41,10 @@ def setup(nodes: int = 3) -> tuple[MemberRecords, GroupTable, list[PortRuntime]]
     return MemberRecords(directory, groups), groups, ports
 
 
-def join(members: MemberRecords, port: PortRuntime, tid: int, **fields: int) -> McMemberRecord:
-    request = SaMad.decode(build_mc_join(tid, acm_join_record(port.gid0, **fields)))
+def join(
+    members: MemberRecords, port: PortRuntime, tid: int, *, qkey: int = ACM_QKEY
+) -> McMemberRecord:
+    request = SaMad.decode(build_mc_join(tid, acm_join_record(port.gid0, qkey=qkey)))
     return McMemberRecord.decode(members.join(port, request))
 
 

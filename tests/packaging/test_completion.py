@@ -69,6 +69,7 @@ def test_ibacm_sim_subcommands_and_their_flags(scripts: dict[str, Path]) -> None
     subparsers = next(
         a for a in sim.build_parser()._actions if isinstance(a.choices, dict) and a.choices
     )
+    assert isinstance(subparsers.choices, dict)
     expected = list(subparsers.choices)
     assert {"up", "down", "status", "stop", "start", "restart", "stats"} <= set(expected)
     assert bash_complete(script, "ibacm-sim", "")[1] == expected

@@ -7,7 +7,6 @@ cluster lives where the examples say (``/tmp/sim``), moved to a scratch director
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ibacm_sim, require_peer
+from tests.conftest import REPO, ibacm_sim, in_ci, require_peer, require_root
 
 pytestmark = [pytest.mark.peer]
 
@@ -74,8 +73,8 @@ def excluded(command: str) -> str | None:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Path]:
     require_peer("ib_acme")
-    if os.geteuid() != 0 and os.environ.get("CI") == "true":
-        pytest.fail("examples without -S run in a private mount namespace (root)")
+    if in_ci():
+        require_root("examples without -S run in a private mount namespace")
     root = Path(tempfile.mkdtemp(prefix="docs"))
     up = ibacm_sim("up", "--nodes", str(NODES), "--dir", str(root))
     assert up.returncode == 0, up.stdout + up.stderr

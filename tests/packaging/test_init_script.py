@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, require_peer
+from tests.conftest import REPO, require_peer, require_root
 from tests.packaging.simfabric import IBACM, Hub, NodeFiles, node_files, process_gone, wait_for
 
 INIT = REPO / "packaging" / "ibacm.init"
@@ -168,8 +168,7 @@ def test_stale_pid_of_another_program_is_never_signalled(
     status = run_init("status", scratch)
     assert status.returncode == 1
     assert "dead" in status.stdout
-    if os.geteuid() != 0:
-        pytest.skip("stop and reload need root")
+    require_root("stop and reload")
     assert run_init("reload", scratch).returncode == 7
     stop = run_init("stop", scratch)
     assert stop.returncode == 0
@@ -180,16 +179,14 @@ def test_stale_pid_of_another_program_is_never_signalled(
 
 
 def test_start_reports_a_missing_daemon(scratch: dict[str, str], tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("start needs root")
+    require_root("start")
     done = run_init("start", {**scratch, "DAEMON": str(tmp_path / "no-such-ibacm")})
     assert done.returncode == 5
     assert "not installed" in done.stdout + done.stderr
 
 
 def test_try_restart_of_a_stopped_daemon_does_nothing(scratch: dict[str, str]) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("try-restart needs root")
+    require_root("try-restart")
     for action in ("try-restart", "condrestart", "force-reload"):
         done = run_init(action, scratch)
         assert done.returncode == 0, action
@@ -211,8 +208,7 @@ def daemon_env(files: NodeFiles) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_full_cycle_with_a_real_daemon(sim_hub: Hub, tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("start and stop need root")
+    require_root("start and stop")
     files = node_files(tmp_path, sim_hub, "node3")
     env = daemon_env(files)
     try:
@@ -252,8 +248,7 @@ def test_full_cycle_with_a_real_daemon(sim_hub: Hub, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_start_reports_the_daemons_own_failure(sim_hub: Hub, tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("start needs root")
+    require_root("start")
     files = node_files(tmp_path, sim_hub, "node-that-does-not-exist")
     done = run_init("start", daemon_env(files))
     assert done.returncode == 1

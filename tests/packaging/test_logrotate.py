@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, require_peer
+from tests.conftest import REPO, require_peer, require_root
 from tests.packaging.simfabric import Hub, node_files, wait_for
 
 CONFIG = REPO / "packaging" / "ibacm.logrotate"
@@ -62,8 +61,7 @@ def test_shipped_file_parses() -> None:
 def test_rotation_moves_the_log_and_spares_a_foreign_pid(
     tmp_path: Path, bystander: subprocess.Popen[bytes]
 ) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("logrotate refuses configuration files not owned by root")
+    require_root("logrotate refuses configuration files not owned by root")
     conf, log, pidfile = private_copy(tmp_path)
     log.write_text("2026-11-21T10:00:00.000: old record\n")
     pidfile.write_text(f"{bystander.pid}\n")  # stale: the pid now belongs to "sleep"
@@ -77,8 +75,7 @@ def test_rotation_moves_the_log_and_spares_a_foreign_pid(
 
 @pytest.mark.slow
 def test_rotation_makes_the_running_daemon_reopen_its_log(sim_hub: Hub, tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("logrotate refuses configuration files not owned by root")
+    require_root("logrotate refuses configuration files not owned by root")
     files = node_files(tmp_path / "node", sim_hub, "node4")
     conf, log, pidfile = private_copy(tmp_path / "node")
     assert (log, pidfile) == (files.log_file, files.pid_file)

@@ -17,27 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
-
-from tests.conftest import require_peer
+from tests.conftest import require_peer, require_root
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 T = TypeVar("T")
 
 
-def require_root() -> None:
-    if os.geteuid() != 0:
-        message = "needs root (network namespaces)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @contextmanager
 def network_namespace(prefix: str) -> Iterator[str]:
     """A fresh named namespace (``ip netns add``) with loopback up; deleted afterwards."""
-    require_root()
+    require_root("network namespaces")
     ip = require_peer("ip")
     name = f"{prefix}-{os.getpid()}-{threading.get_ident() % 10000}"
     subprocess.run([ip, "netns", "add", name], check=True, capture_output=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ibacm.fabric.sim.topo_file import Topology
-from tests.conftest import REPO, ibacm_sim, require_file, require_peer
+from tests.conftest import REPO, ibacm_sim, require_file, require_peer, require_root
 
 pytestmark = [pytest.mark.peer]
 
@@ -66,10 +66,7 @@ def start(*extra: str) -> Cluster:
     require_peer("ib_acme")
     require_file(C_DAEMON)
     require_file(PYVERBS)
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("C ibacm nodes need a private mount namespace (root)")
-        pytest.skip("C ibacm nodes need a private mount namespace (root)")
+    require_root("C ibacm nodes need a private mount namespace")
     directory = Path(tempfile.mkdtemp(prefix="mixed"))
     up = ibacm_sim(
         "up",
@@ -287,7 +284,8 @@ def test_ten_percent_loss_every_request_is_answered_in_budget(fresh_acm: Cluster
     cluster.sim("fault", "loss", "0.1")
     budget = C_TIMEOUT_S * (C_RETRIES + 1)
     procs: dict[tuple[str, str], subprocess.Popen[str]] = {}
-    started, ended = {}, {}
+    started: dict[tuple[str, str], float] = {}
+    ended: dict[tuple[str, str], float] = {}
     for src in NODES:
         for dst in NODES:
             if src != dst:
@@ -325,7 +323,8 @@ def admin(path: Path, *requests: dict[str, object]) -> list[dict[str, object]]:
         sock.settimeout(10)
         sock.connect(str(path))
         reader = sock.makefile("rb")
-        for number, request in enumerate(({"cmd": "hello", "versions": [1]}, *requests)):
+        hello: dict[str, object] = {"cmd": "hello", "versions": [1]}
+        for number, request in enumerate((hello, *requests)):
             sock.sendall(json.dumps({"v": 1, "id": number, **request}).encode() + b"\n")
             replies.append(json.loads(reader.readline()))
     return replies[1:]

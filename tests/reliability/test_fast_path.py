@@ -55,7 +55,7 @@ async def run_sequence(tmp_path: Path, *, fast: bool) -> tuple[list[bytes], list
                 tables.append(table)
             return table
 
-        provider.route_table = table_or_none  # type: ignore[method-assign]
+        provider.route_table = table_or_none  # type: ignore[method-assign,assignment]
         node.daemon.topology.devices.changed()  # the tables are asked for again
         client = await Client.connect(node.socket_path)
         replies = []

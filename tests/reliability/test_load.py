@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from ibacm.core.client_loop import MAX_PENDING_REPLIES
+from tests.conftest import require
 from tests.reliability.errors import logged_errors
 from tests.reliability.live import Client, live_cluster, resolve_frame, soak
 
@@ -30,8 +31,10 @@ def acm_requests(cluster: object) -> int:
 
 @pytest.mark.trio
 async def test_2000_concurrent_resolving_clients(tmp_path: Path) -> None:
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2 * CLIENTS + 200:
-        pytest.skip("the hard open-file limit is too low for 2000 clients in one process")
+    require(
+        resource.getrlimit(resource.RLIMIT_NOFILE)[1] >= 2 * CLIENTS + 200,
+        "the hard open-file limit is too low for 2000 clients in one process",
+    )
     async with live_cluster(tmp_path, 3) as cluster:
         path = cluster["node1"].socket_path
         warm = await Client.connect(path)

@@ -109,9 +109,9 @@ def table(cluster: Cluster | None = None) -> list[list[str]]:
         cases.append(["-s", source, "-d", dest])
         cases.append(["-f", "i", "-s", source, "-d", dest, "-v"])
     for dest in ("node2", "node3", "NODE4", "node[2-4]", "nodeX", "10.0.0.2"):
-        for source in (None, "node1", "NODE1", "node2"):
+        for src in (None, "node1", "NODE1", "node2"):
             args = ["-f", "n", "-d", dest]
-            cases.append(args if source is None else [*args, "-s", source])
+            cases.append(args if src is None else [*args, "-s", src])
         cases.append(["-f", "n", "-s", "node1", "-d", dest, "-v", "-c"])
     for dest in ("2", "3", "4", "[2-4]", "0", "9999", "-1", "65538", "abc", "3x"):
         cases.append(["-f", "l", "-d", dest])

@@ -28,7 +28,7 @@ import pytest
 from ibacm import __version__
 from ibacm.fabric.sim.faults import Faults
 from ibacm.tools import sim_procs
-from tests.conftest import ibacm_sim, on_terminal, require_file, require_peer
+from tests.conftest import ibacm_sim, on_terminal, require_file, require_peer, require_root
 
 FAKE_DAEMON = Path(__file__).resolve().parent.parent / "fabric" / "fake_ibacm.py"
 C_DAEMON = Path("/usr/sbin/ibacm")
@@ -270,10 +270,7 @@ def test_a_c_node_ignores_server_mode_and_restarts(tmp_path: Path) -> None:
     it finds its emulated HCA again (stop removed the device's socket)."""
     ib_acme = require_peer("ib_acme")
     require_file(C_DAEMON)
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("C ibacm nodes need a private mount namespace (root)")
-        pytest.skip("C ibacm nodes need a private mount namespace (root)")
+    require_root("C ibacm nodes need a private mount namespace")
     opts = tmp_path / "opts"
     opts.write_text("server_mode loop\n")
     directory = Path(tempfile.mkdtemp(prefix="simw"))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -14,23 +13,16 @@ from pathlib import Path
 import pytest
 
 from ibacm.tools.sim import main as sim_main
-from tests.conftest import REPO, ibacm_sim, require_file, require_peer
+from tests.conftest import REPO, ibacm_sim, require_file, require_peer, require_root
 
 pytestmark = [pytest.mark.peer]
 PROBE = REPO / "tests" / "peers" / "rdmacm_probe.py"
 LIBRDMACM = Path("/usr/lib/x86_64-linux-gnu/librdmacm.so.1")
 
 
-def need_root() -> None:
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("ibacm-sim exec needs root (a private mount namespace)")
-        pytest.skip("ibacm-sim exec needs root (a private mount namespace)")
-
-
 def cluster(*extra: str) -> Iterator[Path]:
     require_peer("ib_acme")
-    need_root()
+    require_root("ibacm-sim exec needs a private mount namespace")
     root = Path(tempfile.mkdtemp(prefix="exec"))
     up = ibacm_sim("up", "--nodes", "3", "--dir", str(root), *extra)
     assert up.returncode == 0, up.stdout + up.stderr

@@ -15,7 +15,7 @@ from ibacm.fabric.sim.topo_file import generate
 from ibacm.tools import sim_kinds
 from ibacm.tools.sim import main as sim_main
 from ibacm.tools.sim_kinds import KindError, NodeKind, parse_kinds
-from tests.conftest import require_file, require_peer
+from tests.conftest import require_file, require_peer, require_root
 
 NODES = ["node1", "node2", "node3"]
 
@@ -72,10 +72,7 @@ def alive(pid: int) -> bool:
 def test_down_stops_c_and_hw_nodes_and_their_devices(tmp_path: Path) -> None:
     require_file(sim_kinds.C_DAEMON)
     require_peer("/usr/bin/python3")
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("C ibacm nodes need root (a private mount namespace)")
-        pytest.skip("C ibacm nodes need root (a private mount namespace)")
+    require_root("C ibacm nodes need a private mount namespace")
     root = tmp_path / "c"
     command = [sys.executable, "-m", "ibacm.tools.sim"]
     up = subprocess.run(

@@ -30,6 +30,7 @@ class LabDaemon:
         self.log_level = 0
         self.reloads = 0
         self.fail_reload = False
+        self.capturing: str | None = None  # the path of the running MAD capture
         self.counters = [0, 12, 1, 0, 0, 3, 9]
         self.caches: dict[str, dict[str, dict[str, Any]]] = {
             EP1: {
@@ -107,6 +108,12 @@ class LabDaemon:
 
     def set_log_level(self, level: int) -> None:
         self.log_level = level
+
+    async def capture(self, action: str, path: str | None) -> dict[str, Any]:
+        # No fabric here: a capture writes no MAD, but starts, stops and reports as one.
+        if action in ("start", "stop"):
+            self.capturing = path if action == "start" else None
+        return {"active": self.capturing is not None, "path": self.capturing, "records": 0}
 
 
 class LabServer:

@@ -290,10 +290,10 @@ async def test_filter_and_sort_the_cache(lab: LabServer) -> None:
         assert len(cache.shown) == 3
         await pilot.press("s")  # by endpoint
         await pilot.press("s")  # reversed
-        order = [row.key.value for row in cache.ordered_rows]
+        order = [str(row.key.value) for row in cache.ordered_rows]
         assert order[0] == "mlx5_0/2/0xffff|10.0.1.3"
         await pilot.press("s")  # next column: destination, ascending
-        order = [row.key.value for row in cache.ordered_rows]
+        order = [str(row.key.value) for row in cache.ordered_rows]
         assert [key.split("|")[1] for key in order] == ["10.0.0.3", "10.0.1.3", "node4"]
 
 

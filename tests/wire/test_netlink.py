@@ -47,11 +47,12 @@ from ibacm.wire.netlink import (
     walk_attrs,
 )
 from ibacm.wire.path_record import PathRecord, gid_from_text
+from tests.conftest import not_applicable_if
 from tests.wire.spec_hex import offset_dump, section_blocks, spec_text
 from tests.wire.strategies import gids, path_records, uint
 
-little_endian_only = pytest.mark.skipif(
-    sys.byteorder != "little", reason="the §16.6 dump was derived for a little-endian host"
+little_endian_only = not_applicable_if(
+    sys.byteorder != "little", "the §16.6 dump was derived for a little-endian host"
 )
 
 LOCAL_GID = gid_from_text("fe80::2:c903:a:2b3c")

@@ -78,7 +78,7 @@ def test_subscribe_report_and_ack_mads() -> None:
         SaAttr.INFORM_INFO,
         7,
     )
-    assert SaAttr.INFORM_INFO == 0x0003  # (0x0031 is ServiceRecord)
+    assert int(SaAttr.INFORM_INFO) == 0x0003  # (0x0031 is ServiceRecord)
     notice = Notice.gid_trap(Trap.GID_IN_SERVICE, GID, issuer_lid=3, issuer_gid=GID)
     report_mad = build_report(0x1234, notice)
     assert len(report_mad) == MAD_SIZE

@@ -129,7 +129,8 @@ static ssize_t send_msg(int fd, const struct emu_req *req, const void *p1, size_
 	return n;
 }
 
-/* One request and its reply; returns the reply status (0 or -errno), payload into out. */
+/* One request and its reply; returns the reply status (0 or -errno), payload into out. A
+ * reply longer than MAX_MSG is no reply of a fixed-size op: -EMSGSIZE, never a cut one. */
 static int call_fd(int fd, struct emu_req *req, const void *payload, size_t len,
 		   struct emu_rep *rep, void *out, size_t out_len)
 {
@@ -145,6 +146,8 @@ static int call_fd(int fd, struct emu_req *req, const void *payload, size_t len,
 	while (n < 0 && errno == EINTR);
 	if (n < (ssize_t)sizeof(*rep))
 		return n < 0 ? -errno : -EPROTO;
+	if (msg.msg_flags & MSG_TRUNC)
+		return -EMSGSIZE;
 	memcpy(rep, buf, sizeof(*rep));
 	if (out && out_len) {
 		size_t have = (size_t)n - sizeof(*rep);
@@ -167,15 +170,53 @@ static int ctx_call(struct ibv_context *context, struct emu_req *req, const void
 	return ret;
 }
 
-static void ctx_post(struct ibv_context *context, struct emu_req *req, const void *p1,
-		     size_t n1, const void *p2, size_t n2)
+/* One request with no reply (a doorbell); returns 0 or the errno of a failed send (EPIPE:
+ * the device process is gone), which the verbs call returns. */
+static int ctx_post(struct ibv_context *context, struct emu_req *req, const void *p1,
+		    size_t n1, const void *p2, size_t n2)
 {
 	struct emu_context *ectx = (struct emu_context *)context;
+	int err;
 
 	req->dev = ectx->edev->index;
 	pthread_mutex_lock(&ectx->lock);
-	send_msg(context->cmd_fd, req, p1, n1, p2, n2);
+	err = send_msg(context->cmd_fd, req, p1, n1, p2, n2) < 0 ? errno : 0;
 	pthread_mutex_unlock(&ectx->lock);
+	return err;
+}
+
+/* One request whose reply payload has no fixed size (LIST): its size is peeked first, so
+ * nothing is cut. Returns the reply status; the payload in *out (malloc'd, *out_len bytes). */
+static int call_fd_sized(int fd, struct emu_req *req, struct emu_rep *rep, void **out,
+			 size_t *out_len)
+{
+	struct iovec iov[2] = {{rep, sizeof(*rep)}, {NULL, 0}};
+	struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+	ssize_t size, n;
+
+	*out = NULL;
+	*out_len = 0;
+	if (send_msg(fd, req, NULL, 0, NULL, 0) < 0)
+		return -errno;
+	do
+		size = recv(fd, NULL, 0, MSG_PEEK | MSG_TRUNC);
+	while (size < 0 && errno == EINTR);
+	if (size < (ssize_t)sizeof(*rep))
+		return size < 0 ? -errno : -EPROTO;
+	iov[1].iov_len = (size_t)size - sizeof(*rep);
+	iov[1].iov_base = malloc(iov[1].iov_len + 1);
+	if (!iov[1].iov_base)
+		return -ENOMEM;
+	do
+		n = recvmsg(fd, &msg, 0);
+	while (n < 0 && errno == EINTR);
+	if (n != size || (msg.msg_flags & MSG_TRUNC)) {
+		free(iov[1].iov_base);
+		return n < 0 ? -errno : -EPROTO;
+	}
+	*out = iov[1].iov_base;
+	*out_len = iov[1].iov_len;
+	return rep->status;
 }
 
 /* A new connection whose first message names what it is for (channel, CQ data, async...). */
@@ -195,9 +236,11 @@ static int open_stream(struct emu_req *req, struct emu_rep *rep)
 	return fd;
 }
 
+/* A verbs call's result: 0, or an errno value also left in errno (as ibv_post_* return). */
 static int fail(int err)
 {
-	errno = err;
+	if (err)
+		errno = err;
 	return err;
 }
 
@@ -205,9 +248,11 @@ static int fail(int err)
 
 static int load_devices(void)
 {
-	static struct emu_dev_info infos[64];
 	struct emu_req req = {.op = EMU_OP_LIST};
 	struct emu_rep rep;
+	struct emu_dev_info *infos;
+	void *payload;
+	size_t len;
 	int fd, ret, i;
 
 	pthread_mutex_lock(&registry_lock);
@@ -220,13 +265,17 @@ static int load_devices(void)
 		pthread_mutex_unlock(&registry_lock);
 		return -1;
 	}
-	ret = call_fd(fd, &req, NULL, 0, &rep, infos, sizeof(infos));
+	ret = call_fd_sized(fd, &req, &rep, &payload, &len);
 	close(fd);
-	if (ret || rep.a > 64) {
+	if (!ret && len != (size_t)rep.a * sizeof(*infos))
+		ret = -EPROTO; /* the count and the records disagree */
+	if (ret) {
+		free(payload);
 		pthread_mutex_unlock(&registry_lock);
-		errno = ret ? -ret : EPROTO;
+		errno = -ret;
 		return -1;
 	}
+	infos = payload;
 	devices = calloc(rep.a ? rep.a : 1, sizeof(*devices));
 	for (i = 0; devices && i < (int)rep.a; i++) {
 		struct emu_device *d = &devices[i];
@@ -234,13 +283,14 @@ static int load_devices(void)
 		d->index = (uint32_t)i;
 		d->dev.node_type = IBV_NODE_CA;
 		d->dev.transport_type = IBV_TRANSPORT_IB;
-		snprintf(d->dev.name, sizeof(d->dev.name), "%s", infos[i].name);
+		snprintf(d->dev.name, sizeof(d->dev.name), "%.*s", EMU_NAME_LEN, infos[i].name);
 		snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%d", i);
 		snprintf(d->dev.dev_path, sizeof(d->dev.dev_path),
 			 "/sys/class/infiniband_verbs/uverbs%d", i);
 		snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "/sys/class/infiniband/%s",
-			 infos[i].name);
+			 d->dev.name);
 	}
+	free(payload);
 	device_count = devices ? (int)rep.a : -1;
 	pthread_mutex_unlock(&registry_lock);
 	return device_count;
@@ -685,8 +735,7 @@ static int emu_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	pthread_mutex_lock(&ecq->poll_lock);
 	req.b = ecq->polled;
 	pthread_mutex_unlock(&ecq->poll_lock);
-	ctx_post(cq->context, &req, NULL, 0, NULL, 0);
-	return 0;
+	return fail(ctx_post(cq->context, &req, NULL, 0, NULL, 0));
 }
 
 static void scatter(const struct recv_wr *rwr, const uint8_t *data, size_t len)
@@ -903,17 +952,17 @@ static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_s
 		struct emu_send s = {.wr_id = wr->wr_id};
 		uint8_t data[4096];
 		size_t len = 0;
-		int i;
+		int i, err;
 
 		if (qp->state != IBV_QPS_RTS || !ah ||
 		    (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)) {
 			*bad = wr;
-			return EINVAL;
+			return fail(EINVAL);
 		}
 		for (i = 0; i < wr->num_sge; i++) {
 			if (len + wr->sg_list[i].length > sizeof(data)) {
 				*bad = wr;
-				return EINVAL;
+				return fail(EINVAL);
 			}
 			memcpy(data + len, (void *)(uintptr_t)wr->sg_list[i].addr,
 			       wr->sg_list[i].length);
@@ -931,7 +980,11 @@ static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_s
 		s.traffic_class = ah->attr.grh.traffic_class;
 		memcpy(s.dgid, ah->attr.grh.dgid.raw, 16);
 		s.length = (uint32_t)len;
-		ctx_post(qp->context, &req, &s, sizeof(s), data, len);
+		err = ctx_post(qp->context, &req, &s, sizeof(s), data, len);
+		if (err) {
+			*bad = wr; /* this one and those after it were not posted */
+			return fail(err);
+		}
 	}
 	return 0;
 }
@@ -940,9 +993,11 @@ static int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_r
 {
 	struct emu_qp *eqp = (struct emu_qp *)qp;
 	struct emu_req req = {.op = EMU_OP_POST_RECV, .a = eqp->id};
+	struct ibv_recv_wr *first = wr;
 	uint32_t posted = 0;
-	int ret = 0;
+	int ret = 0, err;
 
+	/* Held until the device is told, so that posts reach it in the order of the queue. */
 	pthread_mutex_lock(&eqp->rq_lock);
 	for (; wr; wr = wr->next) {
 		struct recv_wr *slot;
@@ -961,12 +1016,18 @@ static int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_r
 		eqp->rq_count++;
 		posted++;
 	}
-	pthread_mutex_unlock(&eqp->rq_lock);
 	if (posted) {
 		req.b = posted; /* the device delivers only into posted buffers */
-		ctx_post(qp->context, &req, NULL, 0, NULL, 0);
+		err = ctx_post(qp->context, &req, NULL, 0, NULL, 0);
+		if (err) {
+			/* The device never heard of them: none of this call's buffers is posted. */
+			eqp->rq_count -= posted;
+			*bad = first;
+			ret = err;
+		}
 	}
-	return ret;
+	pthread_mutex_unlock(&eqp->rq_lock);
+	return fail(ret);
 }
 
 static int mcast(struct ibv_qp *qp, uint32_t op, const union ibv_gid *gid, uint16_t lid)

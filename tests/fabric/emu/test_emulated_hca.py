@@ -6,13 +6,15 @@ A hub with two nodes and one emulated device process per node; programs run unde
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import trio
 from ibacm.fabric.emu import protocol as ep
 from ibacm.fabric.emu.build import HERE, ensure_library
 from ibacm.fabric.sim.hub import hub_call
+from ibacm.fabric.sim.topo_file import Host, Topology, generate
 from tests.conftest import require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
@@ -99,6 +102,7 @@ class Fabric:
     root: Path
     sockets: dict[str, Path]
     library: Path
+    devices: dict[str, subprocess.Popen[str]]
 
     def env(self, node: str) -> dict[str, str]:
         return {
@@ -111,41 +115,50 @@ class Fabric:
         return trio.run(hub_call, self.root / "hub.sock", request)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen[Any]) -> None:
     deadline = time.monotonic() + 30
     while not path.exists():
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        assert proc.poll() is None, f"{proc.args!r} exited with {proc.returncode}"
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def emulated(root: Path, nodes: Sequence[str], *hub_args: str) -> Iterator[Fabric]:
+    """A hub (``hub_args``: its topology) and the emulated device process of each of
+    ``nodes``, stopped on the way out."""
+    library = ensure_library()
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        hub = subprocess.Popen(
+            [sys.executable, "-m", "ibacm.fabric.sim.hub", "--dir", str(root), *hub_args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(hub)
+        _wait_for(root / "hub.sock", hub)
+        sockets, devices = {}, {}
+        for node in nodes:
+            sockets[node] = root / f"{node}.sock"
+            command = [sys.executable, "-m", "ibacm.fabric.emu.device", "--hub"]
+            command += [str(root / "hub.sock"), "--node", node, "--socket", str(sockets[node])]
+            devices[node] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            procs.append(devices[node])
+            stdout = devices[node].stdout
+            assert stdout is not None and stdout.readline().strip() == "READY"
+        yield Fabric(root, sockets, library, devices)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 @pytest.fixture
 def fabric(tmp_path: Path) -> Iterator[Fabric]:
     require_peer(SYSTEM_PYTHON)
     require_file(PYVERBS)
-    library = ensure_library()
-    procs = []
-    try:
-        hub = subprocess.Popen(
-            [sys.executable, "-m", "ibacm.fabric.sim.hub", "--dir", str(tmp_path), "--nodes", "2"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(hub)
-        _wait_for(tmp_path / "hub.sock", hub)
-        sockets = {}
-        for node in ("node1", "node2"):
-            sockets[node] = tmp_path / f"{node}.sock"
-            command = [sys.executable, "-m", "ibacm.fabric.emu.device", "--hub"]
-            command += [str(tmp_path / "hub.sock"), "--node", node, "--socket", str(sockets[node])]
-            device = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-            procs.append(device)
-            assert device.stdout is not None and device.stdout.readline().strip() == "READY"
-        yield Fabric(tmp_path, sockets, library)
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(timeout=10)
+    with emulated(tmp_path, ("node1", "node2"), "--nodes", "2") as running:
+        yield running
 
 
 # The same pyverbs calls as the hw backend (ibacm/fabric/hw/ud_qp.py, verbs_attrs.py).
@@ -225,6 +238,7 @@ print(json.dumps({"qpn": qp.qp_num, "gid": str(ctx.query_gid(1, 0)), "sends": re
 def run_pyverbs(fabric: Fabric, node: str, body: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [SYSTEM_PYTHON, "-c", PRELUDE + body, *args],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -479,3 +493,103 @@ def test_a_flood_of_receives_never_loses_the_completion_event(fabric: Fabric) ->
     assert receiver.returncode == 0, got_err
     result = json.loads(got_out)
     assert result["got"] == FLOOD, result
+
+
+# -- what reaches a program past the message sizes it expects ---------------------------------
+
+LIST_DEVICES = """
+import ctypes, json
+lib = ctypes.CDLL(None)  # the preloaded library's ibv_*/umad_* (a C program's calls)
+lib.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+lib.ibv_get_device_name.restype = ctypes.c_char_p
+lib.ibv_get_device_name.argtypes = [ctypes.c_void_p]
+lib.ibv_get_device_guid.restype = ctypes.c_uint64
+lib.ibv_get_device_guid.argtypes = [ctypes.c_void_p]
+count = ctypes.c_int(-1)
+devices = lib.ibv_get_device_list(ctypes.byref(count))
+names = (ctypes.c_char * 20 * 128)()  # UMAD_CA_NAME_LEN
+cas = lib.umad_get_cas_names(names, 128)
+print(json.dumps({
+    "names": [lib.ibv_get_device_name(devices[i]).decode() for i in range(count.value)],
+    "guids": [lib.ibv_get_device_guid(devices[i]).to_bytes(8, "little").hex()
+              for i in range(count.value)],
+    "cas": [bytes(names[i]).rstrip(b"\\0").decode() for i in range(cas)],
+}))
+"""
+
+
+def one_node_with(hcas: int) -> Topology:
+    """node1 with ``hcas`` HCAs: those of a generated cluster, gathered on one host."""
+    topology = generate(hcas)
+    gathered = [host.hcas[0] for host in topology.hosts]
+    for index, hca in enumerate(gathered):
+        hca.name = f"mlx5_{index}"
+        hca.ports[0].ifname = f"ib{index}"
+    topology.hosts = [Host("node1", gathered)]
+    return topology.validate()
+
+
+@pytest.mark.parametrize("hcas", [40, 70])
+def test_every_device_of_a_long_device_list_reaches_the_program(tmp_path: Path, hcas: int) -> None:
+    """The device list is one message of 160 bytes a device: past 26 devices it is longer
+    than any other reply, and past 64 longer than a fixed table; every device still comes
+    through ibv_get_device_list and umad_get_cas_names, named and with its GUID."""
+    topology = one_node_with(hcas)
+    (tmp_path / "topology.json").write_text(topology.to_json())
+    hub_args = ("--topology-json", str(tmp_path / "topology.json"))
+    with emulated(tmp_path, ("node1",), *hub_args) as running:
+        result = run_json(running, sys.executable, LIST_DEVICES)
+    hosted = topology.host("node1").hcas
+    assert result["names"] == [hca.name for hca in hosted]
+    assert result["guids"] == [f"{hca.node_guid:016x}" for hca in hosted]
+    assert result["cas"] == result["names"]
+
+
+GONE = """
+import pyverbs.pyverbs_error as pe
+route = addr.GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0)
+ah = addr.AH(pd, attr=addr.AHAttr(dlid=port.lid, is_global=1, port_num=1, gr=route))
+print("ready", flush=True)
+sys.stdin.readline()  # by then the device process is gone
+
+def failure(call, bad):
+    try:
+        call()
+    except pe.PyverbsRDMAError as exc:
+        return [exc.error_code, bad.wr_id if bad is not None else None]
+    return None
+
+def sge():
+    return [wrm.SGE(mr.buf, 256, mr.lkey)]
+
+send = wrm.SendWR(wr_id=41, opcode=e.IBV_WR_SEND, num_sge=1, sg=sge())
+send.set_wr_ud(ah, qp.qp_num, 0x80010000)
+bad_send = wrm.SendWR(wr_id=0, num_sge=1, sg=sge())  # where pyverbs copies the bad one
+recv = wrm.RecvWR(wr_id=42, num_sge=1, sg=sge())
+bad_recv = wrm.RecvWR(wr_id=0, num_sge=1, sg=sge())
+print(json.dumps({
+    "send": failure(lambda: qp.post_send(send, bad_send), bad_send),
+    "recv": failure(lambda: qp.post_recv(recv, bad_recv), bad_recv),
+    "arm": failure(cq.req_notify, None),
+}))
+"""
+
+
+def test_posts_to_a_device_that_is_gone_fail_as_verbs_report_it(fabric: Fabric) -> None:
+    """A send, a receive and a CQ arm are posted to the device without a reply: when the
+    device process is gone, each verbs call returns the send's errno (EPIPE) and names the
+    work request that was not posted, instead of reporting a success that never completes."""
+    program = run_pyverbs(fabric, "node1", GONE)
+    assert program.stdout is not None
+    line = program.stdout.readline()
+    assert line.strip() == "ready", program.communicate()[1]
+    device = fabric.devices["node1"]
+    device.kill()
+    device.wait(timeout=10)
+    out, err = program.communicate(input="\n", timeout=60)
+    assert program.returncode == 0, err
+    assert json.loads(out) == {
+        "send": [errno.EPIPE, 41],
+        "recv": [errno.EPIPE, 42],
+        "arm": [errno.EPIPE, None],
+    }

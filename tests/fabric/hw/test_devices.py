@@ -34,6 +34,7 @@ from ibacm.fabric.hw.verbs_device import HwDevice
 from ibacm.fabric.hw.verbs_handles import LibVerbs, VerbsHandles
 from ibacm.wire.mad import SaMad, build_path_get, build_sa_response
 from ibacm.wire.path_record import PathRecord
+from tests.conftest import not_applicable_if
 from tests.fabric.hw.fake_umad import FakeUmad, SentMad, port_info
 from tests.fabric.hw.fake_verbs import FakeError, FakeHandles, FakeHca, FakeLibVerbs
 from tests.fabric.hw.fake_verbs import PortState as FakePort
@@ -261,7 +262,7 @@ async def test_open_without_libibumad_is_one_no_devices_line() -> None:
 
 
 @pytest.mark.trio
-@pytest.mark.skipif(os.path.exists("/sys/class/infiniband"), reason="this host has RDMA devices")
+@not_applicable_if(os.path.exists("/sys/class/infiniband"), "this host has RDMA devices")
 async def test_open_on_this_host_without_devices_says_so() -> None:
     """The real pyverbs and libibumad of a machine without InfiniBand."""
     with pytest.raises(NoDevicesError) as raised:
