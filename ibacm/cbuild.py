@@ -65,7 +65,12 @@ def ensure_library(name: str, sources: Sequence[Path], libs: Sequence[str] = ())
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         command = [compiler, *CFLAGS, "-o", str(built), str(sources[0]), "-lpthread", *libs]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as exc:  # CC names a compiler that is not there, or cannot run
+            raise CBuildError(
+                f"cannot run the C compiler {compiler!r} to build {name}: {exc}"
+            ) from exc
         if result.returncode != 0:
             raise CBuildError(f"building {name} failed:\n{result.stderr}")
         os.replace(built, target)  # atomic: a concurrent build ends with the same file

@@ -58,3 +58,12 @@ def test_the_cache_directory_follows_the_environment(
     assert cache_dir() == tmp_path / "xdg" / "ibacm"
     monkeypatch.setenv("IBACM_LIB_DIR", str(tmp_path / "lib"))
     assert cache_dir() == tmp_path / "lib"
+
+
+def test_a_compiler_that_is_not_there_is_a_clear_error(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(CBuildError, match=r"cannot run the C compiler .*no-such-cc.* build probe"):
+        ensure_library("probe", [source(tmp_path, 7)])
+    assert list(cache.iterdir()) == []
