@@ -387,7 +387,8 @@ class CProvider(Provider):
         self.struct.query_perf(ep_ctx.ctx, values, ctypes.byref(count))
         # Network byte order, as rdma-core's core copies them into a PERF_QUERY reply.
         got = [_be64(value) for value in list(values)[: min(count.value, abi.MAX_COUNTER)]]
-        return got + [0] * (abi.MAX_COUNTER - len(got))
+        # A C provider knows the header's counters only; ours it does not count read 0.
+        return got + [0] * (len(Counter) - len(got))
 
     def describe_endpoint(self, ep_ctx: object) -> dict[str, Any]:
         return {"provider_library": self.library_path}
