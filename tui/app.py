@@ -39,7 +39,7 @@ from textual.widgets import (
 )
 
 from ibacm import __version__
-from ibacm.tools.admin_target import admin_target
+from ibacm.config.admin_target import admin_target
 from ibacm.wire.admin import ErrorCode, EventMessage
 from ibacm.wire.counters import Counter
 from tui.client import AdminClient, AdminCommandError, AdminConnectionError

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ibacm import __version__
-from ibacm.tools.admin_target import admin_target
+from ibacm.config.admin_target import admin_target
 from ibacm.wire import admin as wire
 from ibacm.wire.counters import Counter
 
