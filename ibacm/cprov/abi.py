@@ -12,9 +12,6 @@ from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int, c_uint8, c_uint16, c_uin
 ACM_PROV_VERSION = 1
 MSG_SIZE = 592
 """``sizeof(struct acm_msg)``."""
-MAX_COUNTER = 7
-"""``ACM_MAX_COUNTER`` of the installed header: the counters a C provider knows, the first ones
-of ``ibacm.wire.counters.Counter`` (a counter of ours past them stays 0 for it)."""
 
 
 class AcmDevice(ctypes.Structure):

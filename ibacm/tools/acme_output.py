@@ -21,7 +21,7 @@ from ibacm.wire.path_record import PathRecord
 
 def counter_name(index: int) -> str:
     """The label of the counter at ``index`` of a reply; ``Unknown`` past the ones this tool
-    knows (a newer daemon may send more), as the C tool prints."""
+    knows (a daemon of ours sends no more than ``ACM_MAX_COUNTER``; another might)."""
     return Counter(index).label if 0 <= index < len(Counter) else "Unknown"
 
 

@@ -1,8 +1,9 @@
 """The ACM counters, each defined once: where it sits on the wire and what every output calls it.
 
-A member's value is its index in a PERF_QUERY reply (client-protocol.md §6, ``ACM_CNTR_*``):
-the real ``ib_acme`` and the C daemon read and write the counters in this order, so a
-counter is never renumbered, and a new one goes last. Its other names:
+A member's value is its index in a PERF_QUERY reply (client-protocol.md §6, ``ACM_CNTR_*``)
+and in the admin protocol's arrays: the real ``ib_acme`` and the C daemon read and write the
+counters in this order, so a counter is never renumbered, and a new one goes last (past
+``ACM_MAX_COUNTER``, off the PERF wire). Its other names:
 
 * ``label``: ``ib_acme -P``'s name for it (ib_acme.md §5), the C tool's text exactly;
 * ``key``: its name in the admin protocol's JSON, in ``ibacm-admin`` and in /metrics
@@ -17,6 +18,13 @@ What bumps each one is behavior.md §14; the provider API hands them to provider
 from __future__ import annotations
 
 import enum
+from typing import Final
+
+ACM_MAX_COUNTER: Final = 7
+"""The counters of the C daemon (``ACM_MAX_COUNTER``): the first members of ``Counter``, and
+all that a PERF_QUERY reply carries and a C provider knows. Never more on the wire: Debian's
+``ib_acme -P`` dies of SIGSEGV on a reply with more, so a counter of our own, after these, is
+seen in the admin snapshot, /metrics, ``ibacm-admin`` and the dashboard only."""
 
 
 class Counter(enum.IntEnum):

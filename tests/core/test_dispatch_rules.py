@@ -305,7 +305,7 @@ async def test_perf_query_forms(tmp_path: Path) -> None:
         assert AcmHdr.decode(refused).status == AcmStatus.ESRCADDR
         not_source = EpAddr.from_ip("10.1.0.2", 0)
         counted = decode_perf_reply(await ask(core, encode_perf_request(3, not_source)))
-        assert counted.counters == core.counters.snapshot()
+        assert counted.counters == core.counters.snapshot()[:7]  # the C counters only
 
 
 def _ep(core_reply: bytes) -> tuple[AcmHdr, EpConfig | None]:

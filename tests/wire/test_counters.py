@@ -9,7 +9,7 @@ import pytest
 
 from ibacm.provider import api
 from ibacm.wire.client import AcmHdr, AcmOp, AcmStatus, decode_perf_reply, encode_perf_reply
-from ibacm.wire.counters import Counter
+from ibacm.wire.counters import ACM_MAX_COUNTER, Counter
 from tests.wire.spec_hex import section_blocks, spec_text
 
 # A row of client-protocol.md §6's table: | 6 | `ACM_CNTR_ROUTE_CACHE` | `Route Cache Count` |
@@ -18,20 +18,20 @@ _TABLE_ROW = re.compile(r"^\| (\d+) \| `ACM_CNTR_(\w+)` \| `([^`]+)` \|$", re.MU
 
 def test_each_counter_has_the_c_index_enum_and_ib_acme_label() -> None:
     rows = _TABLE_ROW.findall(spec_text("client-protocol.md"))
-    assert len(rows) == 7  # ACM_MAX_COUNTER: the table was read whole
     spec = [(int(index), name, label) for index, name, label in rows]
+    assert len(spec) == ACM_MAX_COUNTER == 7  # "(`ACM_MAX_COUNTER` = 7.)"
     # The C counters come first, in their order; a counter of our own could only follow them.
     ours = [(int(counter), counter.name, counter.label) for counter in Counter]
-    assert ours[: len(spec)] == spec
+    assert ours[:ACM_MAX_COUNTER] == spec
 
 
 def test_ib_acme_header_and_columns_are_the_labels_in_wire_order() -> None:
     text = spec_text("ib_acme.md")
     header = next(line for line in text.splitlines() if line.startswith("svc,Error Count"))
     labels = [counter.label for counter in Counter]
-    assert header.split(",") == ["svc", *labels[:7]]
+    assert header.split(",") == ["svc", *labels[:ACM_MAX_COUNTER]]
     column = section_blocks(text, "## 5")[1].splitlines()  # "<svc>" then "label : value"
-    assert [line.split(" : ")[0] for line in column[1:]] == labels[:7]
+    assert [line.split(" : ")[0] for line in column[1:]] == labels[:ACM_MAX_COUNTER]
 
 
 def test_names_are_distinct_and_fit_json_and_metric_names() -> None:
