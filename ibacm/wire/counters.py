@@ -12,7 +12,8 @@ counters in this order, so a counter is never renumbered, and a new one goes las
 * ``heading``: its column on the dashboard's Counters tab.
 
 What bumps each one is behavior.md §14; the provider API hands them to providers as
-``ibacm.provider.api.Counter``.
+``ibacm.provider.api.Counter``. A new counter is a member here, after the last, plus the code
+that counts it: the admin snapshot, ``ibacm-admin``, /metrics and the dashboard follow.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ seen in the admin snapshot, /metrics, ``ibacm-admin`` and the dashboard only."""
 
 
 class Counter(enum.IntEnum):
-    """The counters in wire order; ``len(Counter)`` is the count a PERF_QUERY reply carries."""
+    """The counters in wire order: the admin protocol's arrays hold ``len(Counter)`` of them,
+    a PERF_QUERY reply the first ``ACM_MAX_COUNTER``."""
 
     label: str
     description: str
