@@ -39,8 +39,9 @@ from textual.widgets import (
 )
 
 from ibacm import __version__
-from ibacm.tools.admin_target import admin_target
+from ibacm.config.admin_target import admin_target
 from ibacm.wire.admin import ErrorCode, EventMessage
+from ibacm.wire.counters import Counter
 from tui.client import AdminClient, AdminCommandError, AdminConnectionError
 from tui.model import LEVELS, DashboardModel, LogRecord
 from tui.screens import ConfirmScreen, FlushScreen, FlushTarget, HelpScreen
@@ -96,13 +97,7 @@ CACHE_COLUMNS = [
 ]
 COUNTER_COLUMNS = [
     ("scope", "Scope"),
-    ("error", "Errors"),
-    ("resolve", "Resolves"),
-    ("nodata", "No data"),
-    ("addr_query", "Addr queries"),
-    ("addr_cache", "Addr hits"),
-    ("route_query", "Route queries"),
-    ("route_cache", "Route hits"),
+    *((counter.key, counter.heading) for counter in Counter),
     ("hit_rate", "Hit rate"),
 ]
 TAB_IDS = ("endpoints", "groups", "cache", "counters", "log")

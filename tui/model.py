@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibacm.wire.admin import COUNTER_NAMES, EventMessage
+from ibacm.wire.admin import EventMessage
+from ibacm.wire.counters import Counter
 from ibacm.wire.errors import FieldRangeError
 from ibacm.wire.rates import mtu_to_bytes, rate_to_gbps, speed_lane_gbps, width_lanes
 
@@ -29,10 +30,6 @@ LOG_LINES = 2000
 LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 """Log-pane filter levels, lowest first."""
 _LEVEL_RANK = {"debug": 0, "info": 1, "warning": 2, "warn": 2, "error": 3, "critical": 4}
-
-RESOLVE = COUNTER_NAMES.index("resolve")
-ADDR_CACHE = COUNTER_NAMES.index("addr_cache")
-ROUTE_CACHE = COUNTER_NAMES.index("route_cache")
 
 CacheKey = tuple[str, str]
 GroupKey = tuple[str, str]
@@ -63,11 +60,12 @@ def _int(value: Any) -> int | None:
 
 
 def _counters(value: Any) -> list[int]:
-    """Seven counters from a list (wire order) or a mapping by name; missing ones are 0."""
-    out = [0] * len(COUNTER_NAMES)
+    """The counters from a list (wire order) or a mapping by ``Counter.key``; missing ones
+    are 0."""
+    out = [0] * len(Counter)
     if isinstance(value, Mapping):
-        for index, name in enumerate(COUNTER_NAMES):
-            out[index] = _int(value.get(name)) or 0
+        for counter in Counter:
+            out[counter] = _int(value.get(counter.key)) or 0
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value[: len(out)]):
             out[index] = _int(item) or 0
@@ -200,8 +198,10 @@ class EndpointRow:
             self.addresses,
             str(self.groups),
             str(self.cache_size),
-            str(self.counters[RESOLVE]),
-            format_rate(hit_rate(self.counters[ROUTE_CACHE], self.counters[RESOLVE])),
+            str(self.counters[Counter.RESOLVE]),
+            format_rate(
+                hit_rate(self.counters[Counter.ROUTE_CACHE], self.counters[Counter.RESOLVE])
+            ),
         )
 
 
@@ -258,7 +258,7 @@ class DashboardModel:
     endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     groups: dict[GroupKey, GroupRow] = field(default_factory=dict)
     cache: dict[CacheKey, CacheRow] = field(default_factory=dict)
-    counters: list[int] = field(default_factory=lambda: [0] * len(COUNTER_NAMES))
+    counters: list[int] = field(default_factory=lambda: [0] * len(Counter))
     endpoint_counters: dict[str, list[int]] = field(default_factory=dict)
     resolves_per_second: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=HISTORY)
@@ -422,8 +422,8 @@ class DashboardModel:
         if previous is None:
             return
         dt = ts - previous[0]
-        resolves = counters[RESOLVE] - previous[1][RESOLVE]
-        hits = counters[ROUTE_CACHE] - previous[1][ROUTE_CACHE]
+        resolves = counters[Counter.RESOLVE] - previous[1][Counter.RESOLVE]
+        hits = counters[Counter.ROUTE_CACHE] - previous[1][Counter.ROUTE_CACHE]
         if dt <= 0 or resolves < 0 or hits < 0:
             return  # clock jump or a restarted daemon: start over from this sample
         self.resolves_per_second.append(resolves / dt)
@@ -463,7 +463,7 @@ class DashboardModel:
                 addresses or "-",
                 cache_sizes[ep],
                 group_counts[ep],
-                self.endpoint_counters.get(ep, [0] * len(COUNTER_NAMES)),
+                self.endpoint_counters.get(ep, [0] * len(Counter)),
             ).cells()
         return rows
 
@@ -499,26 +499,26 @@ class DashboardModel:
         return rows
 
     def counter_rows(self) -> dict[str, tuple[str, ...]]:
-        """One row per scope (global, then each endpoint): seven counters and the hit rate."""
+        """One row per scope (global, then each endpoint): its counters and the hit rate."""
         scopes = {"global": self.counters, **self.endpoint_counters}
         return {
             scope: (
                 scope,
                 *(str(v) for v in values),
-                format_rate(hit_rate(values[ROUTE_CACHE], values[RESOLVE])),
+                format_rate(hit_rate(values[Counter.ROUTE_CACHE], values[Counter.RESOLVE])),
             )
             for scope, values in scopes.items()
         }
 
     def summary(self) -> dict[str, str]:
         """Headline numbers of the Counters view."""
-        resolves = self.counters[RESOLVE]
+        resolves = self.counters[Counter.RESOLVE]
         recent = self.resolves_per_second[-1] if self.resolves_per_second else None
         return {
             "resolves": str(resolves),
             "resolves_per_second": "-" if recent is None else f"{recent:.1f}/s",
-            "route_hit_rate": format_rate(hit_rate(self.counters[ROUTE_CACHE], resolves)),
-            "addr_hit_rate": format_rate(hit_rate(self.counters[ADDR_CACHE], resolves)),
+            "route_hit_rate": format_rate(hit_rate(self.counters[Counter.ROUTE_CACHE], resolves)),
+            "addr_hit_rate": format_rate(hit_rate(self.counters[Counter.ADDR_CACHE], resolves)),
             "recent_hit_rate": format_rate(self.hit_rates[-1] if self.hit_rates else None),
             "cache_entries": str(len(self.cache)),
             "groups": str(len(self.groups)),

@@ -68,6 +68,7 @@ from ibacm.wire.client import (
     encode_resolve_reply,
     is_address_type,
 )
+from ibacm.wire.counters import ACM_MAX_COUNTER
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
@@ -417,7 +418,8 @@ class Dispatcher:
         request = decode_perf_request(frame)
         scope = request.scope
         if scope is PerfScope.GLOBAL:
-            return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, self.counters.snapshot())
+            values = self.counters.snapshot()[:ACM_MAX_COUNTER]
+            return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, values)
         endpoint: EndpointState | None = None
         if scope is PerfScope.INDEX:
             endpoint = endpoint_by_index(self.devices, request.index)
@@ -427,7 +429,8 @@ class Dispatcher:
         provider = endpoint.port.provider if endpoint is not None else None
         if endpoint is None or provider is None:
             return encode_perf_reply(request.hdr, AcmStatus.ESRCADDR, ())
-        values = [int(value) & COUNTER_MASK for value in provider.query_perf(endpoint.ctx)]
+        counts = provider.query_perf(endpoint.ctx)[:ACM_MAX_COUNTER]
+        values = [int(value) & COUNTER_MASK for value in counts]
         return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, values)
 
     def ep_query(self, frame: bytes) -> bytes:

@@ -3,7 +3,7 @@
 Three sources feed one private ``CollectorRegistry``, served by ``serve_metrics``:
 
 * ``SnapshotCollector`` reads the daemon's admin snapshot (``DaemonControl.snapshot()``,
-  schema in ``docs/admin-protocol.md``) at each scrape: the seven ACM counters globally and
+  schema in ``docs/admin-protocol.md``) at each scrape: the ACM counters globally and
   per endpoint, cache entries and multicast groups by state, addresses, ports and their SA
   queues, clients and uptime;
 * ``MadMetrics`` is a ``MadObserver`` for ``ibacm.fabric.capture.TapFabric``: MADs by
@@ -46,7 +46,7 @@ except ImportError as exc:  # the optional extra is missing: say how to get it
 
 from ibacm.fabric.capture import MadTrace, SaExchange, SaOutcome
 from ibacm.log import get_logger
-from ibacm.wire.admin import COUNTER_NAMES
+from ibacm.wire.counters import Counter as AcmCounter
 
 log = get_logger("ibacm.metrics")
 
@@ -74,16 +74,6 @@ SA_LATENCY_BUCKETS = (
     10.0,
 )
 """Seconds; umad's default is 2 s per attempt times 3 attempts."""
-
-_COUNTER_HELP = {
-    "error": "Resolve requests answered with an error",
-    "resolve": "Resolve requests received",
-    "nodata": "Resolve requests answered with no data",
-    "addr_query": "Address resolutions sent to peers",
-    "addr_cache": "Address resolutions answered from the cache",
-    "route_query": "Path records queried from the SA",
-    "route_cache": "Path records answered from the cache",
-}
 
 SnapshotFn = Callable[[], Mapping[str, Any]]
 
@@ -160,10 +150,10 @@ def _number(value: Any) -> float | None:
 
 
 def _counters(value: Any) -> list[float]:
-    """The seven ACM counters of a snapshot entry, or [] when absent or malformed."""
-    if not isinstance(value, list | tuple) or len(value) < len(COUNTER_NAMES):
+    """The ACM counters of a snapshot entry, or [] when absent or malformed."""
+    if not isinstance(value, list | tuple) or len(value) < len(AcmCounter):
         return []
-    numbers = [_number(v) for v in value[: len(COUNTER_NAMES)]]
+    numbers = [_number(v) for v in value[: len(AcmCounter)]]
     return [] if any(n is None for n in numbers) else [n for n in numbers if n is not None]
 
 
@@ -260,16 +250,18 @@ class SnapshotCollector:
 
     def _global_counters(self, raw: Any) -> Iterator[Metric]:
         values = _counters(raw)
-        for name, value in zip(COUNTER_NAMES, values, strict=False):
-            yield CounterMetricFamily(f"ibacm_{name}", _COUNTER_HELP[name], value=value)
+        for counter, value in zip(AcmCounter, values, strict=False):
+            yield CounterMetricFamily(f"ibacm_{counter.key}", counter.description, value=value)
 
     def _endpoints(self, endpoints: list[Mapping[str, Any]]) -> Iterator[Metric]:
         labels = ["endpoint"]
         counters = {
-            name: CounterMetricFamily(
-                f"ibacm_endpoint_{name}", f"{_COUNTER_HELP[name]}, per endpoint", labels=labels
+            counter: CounterMetricFamily(
+                f"ibacm_endpoint_{counter.key}",
+                f"{counter.description}, per endpoint",
+                labels=labels,
             )
-            for name in COUNTER_NAMES
+            for counter in AcmCounter
         }
         cache = GaugeMetricFamily(
             "ibacm_cache_entries",
@@ -284,10 +276,10 @@ class SnapshotCollector:
         )
         for endpoint in endpoints:
             ident = str(endpoint.get("id", "?"))
-            for name, value in zip(
-                COUNTER_NAMES, _counters(endpoint.get("counters")), strict=False
+            for counter, value in zip(
+                AcmCounter, _counters(endpoint.get("counters")), strict=False
             ):
-                counters[name].add_metric([ident], value)
+                counters[counter].add_metric([ident], value)
             for state, count in sorted(_cache_states(endpoint).items()):
                 cache.add_metric([ident, state], count)
             for state, count in sorted(_states(endpoint.get("groups")).items()):

@@ -12,7 +12,6 @@ from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int, c_uint8, c_uint16, c_uin
 ACM_PROV_VERSION = 1
 MSG_SIZE = 592
 """``sizeof(struct acm_msg)``."""
-MAX_COUNTER = 7
 
 
 class AcmDevice(ctypes.Structure):

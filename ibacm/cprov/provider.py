@@ -57,6 +57,7 @@ from ibacm.wire.client import (
     EpFlag,
     reply_length,
 )
+from ibacm.wire.counters import ACM_MAX_COUNTER
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
@@ -154,7 +155,7 @@ class CoreBridge:
         return 0
 
     def _count(self, kind: int) -> None:
-        if 0 <= kind < abi.MAX_COUNTER:
+        if 0 <= kind < ACM_MAX_COUNTER:
             self._soon(lambda: self.core.counters.increment(Counter(kind)))
 
     def _soon(self, function: Callable[[], None]) -> None:
@@ -382,12 +383,13 @@ class CProvider(Provider):
 
     def query_perf(self, ep_ctx: object) -> Sequence[int]:
         assert isinstance(ep_ctx, _Endpoint)
-        values = (ctypes.c_uint64 * abi.MAX_COUNTER)()
-        count = ctypes.c_uint8(abi.MAX_COUNTER)
+        values = (ctypes.c_uint64 * ACM_MAX_COUNTER)()
+        count = ctypes.c_uint8(ACM_MAX_COUNTER)
         self.struct.query_perf(ep_ctx.ctx, values, ctypes.byref(count))
         # Network byte order, as rdma-core's core copies them into a PERF_QUERY reply.
-        got = [_be64(value) for value in list(values)[: min(count.value, abi.MAX_COUNTER)]]
-        return got + [0] * (abi.MAX_COUNTER - len(got))
+        got = [_be64(value) for value in list(values)[: min(count.value, ACM_MAX_COUNTER)]]
+        # A C provider knows the header's counters only; ours it does not count read 0.
+        return got + [0] * (len(Counter) - len(got))
 
     def describe_endpoint(self, ep_ctx: object) -> dict[str, Any]:
         return {"provider_library": self.library_path}

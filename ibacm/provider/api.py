@@ -20,13 +20,13 @@ a ``Provider`` subclass whose ``api_version`` must equal ``PROVIDER_API_VERSION`
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ibacm.fabric.api import SaDestination
 from ibacm.provider.route_table import RouteTable
+from ibacm.wire.counters import Counter as Counter  # providers count with it (re-exported)
 
 if TYPE_CHECKING:
     import trio
@@ -40,31 +40,9 @@ PROVIDER_API_VERSION = 1
 ENTRY_POINT_GROUP = "ibacm.providers"
 
 
-class Counter(enum.IntEnum):
-    """The seven ACM counters (client-protocol §6), in wire order."""
-
-    ERROR = 0
-    RESOLVE = 1
-    NODATA = 2
-    ADDR_QUERY = 3
-    ADDR_CACHE = 4
-    ROUTE_QUERY = 5
-    ROUTE_CACHE = 6
-
-
-COUNTER_LABELS: tuple[str, ...] = (
-    "Error Count",
-    "Resolve Count",
-    "No Data",
-    "Addr Query Count",
-    "Addr Cache Count",
-    "Route Query Count",
-    "Route Cache Count",
-)
-
-
 class Counters:
-    """Seven unbounded (reported modulo 2**64) counters; C used 32-bit signed ints."""
+    """The ACM counters (``Counter``), unbounded (reported modulo 2**64); C used 32-bit signed
+    ints."""
 
     __slots__ = ("tallies", "values")
 
@@ -294,7 +272,7 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     def query_perf(self, ep_ctx: object) -> Sequence[int]:
-        """The endpoint's seven counters."""
+        """The endpoint's counters, in wire order (``Counter``)."""
 
     # -- observability (admin socket) --------------------------------------------------------
     def describe_endpoint(self, ep_ctx: object) -> Mapping[str, Any]:

@@ -15,21 +15,14 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ibacm.wire.client import EpConfig
+from ibacm.wire.counters import Counter
 from ibacm.wire.path_record import PathRecord
-
-COUNTER_NAMES = (
-    "Error Count",
-    "Resolve Count",
-    "No Data",
-    "Addr Query Count",
-    "Addr Cache Count",
-    "Route Query Count",
-    "Route Cache Count",
-)
 
 
 def counter_name(index: int) -> str:
-    return COUNTER_NAMES[index] if 0 <= index < len(COUNTER_NAMES) else "Unknown"
+    """The label of the counter at ``index`` of a reply; ``Unknown`` past the ones this tool
+    knows (a daemon of ours sends no more than ``ACM_MAX_COUNTER``; another might)."""
+    return Counter(index).label if 0 <= index < len(Counter) else "Unknown"
 
 
 def gid_text(gid: bytes) -> str:

@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ibacm import __version__
-from ibacm.tools.admin_target import admin_target
+from ibacm.config.admin_target import admin_target
 from ibacm.wire import admin as wire
+from ibacm.wire.counters import Counter
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 DEFAULT_TIMEOUT = 10.0
@@ -200,7 +201,7 @@ def render_status(snapshot: dict[str, Any]) -> str:
     if counters:
         lines.append(
             "counters: "
-            + ", ".join(f"{n} {v}" for n, v in zip(wire.COUNTER_NAMES, counters, strict=False))
+            + ", ".join(f"{c.key} {v}" for c, v in zip(Counter, counters, strict=False))
         )
     limits = daemon.get("client_limits")
     if isinstance(limits, dict):

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
+from ibacm.wire.counters import Counter
+
 PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final[tuple[int, ...]] = (1,)
 
@@ -38,24 +40,13 @@ MAX_REPLAY: Final = 1000
 LOG_LEVELS: Final[tuple[int, ...]] = (0, 1, 2)
 """ACM ``log_level`` values: 0 basic, 1 verbose configuration, 2 verbose operation."""
 
-COUNTER_NAMES: Final[tuple[str, ...]] = (
-    "error",
-    "resolve",
-    "nodata",
-    "addr_query",
-    "addr_cache",
-    "route_query",
-    "route_cache",
-)
-"""Names of the seven ACM counters in wire order (``ibacm.provider.api.Counter``)."""
-
 
 def named_counters(values: Any) -> Any:
-    """Counters in wire order as ``{name: value}`` (for people and scripts); a value that is
-    not a list of them is returned as it is."""
-    if not isinstance(values, list | tuple) or len(values) != len(COUNTER_NAMES):
+    """Counters in wire order as ``{Counter.key: value}`` (for people and scripts); a value
+    that is not a list of them is returned as it is."""
+    if not isinstance(values, list | tuple) or len(values) != len(Counter):
         return values
-    return dict(zip(COUNTER_NAMES, values, strict=True))
+    return {counter.key: value for counter, value in zip(Counter, values, strict=True)}
 
 
 def snapshot_with_named_counters(snapshot: Any) -> Any:

@@ -44,7 +44,6 @@ MAX_EPS = 8
 MSG_MAX = 592  # sizeof(struct acm_msg): the largest request and RESOLVE/PERF reply
 EP_CONFIG_LEN = 80
 ADDR_LEN = 64  # ACM_MAX_ADDRESS: every address/info field
-MAX_COUNTERS = 7  # ACM_MAX_COUNTER
 EP_REPLY_MAX = 65535  # EP_QUERY replies are capped at a 16-bit length
 MAX_EP_ADDRS = (EP_REPLY_MAX - HDR_LEN - EP_CONFIG_LEN) // ADDR_LEN  # 1022
 PERF_ADDR_LEN = HDR_LEN + EP_LEN  # 88: a request carrying one entry

@@ -16,20 +16,12 @@ from pathlib import Path
 import pytest
 
 from ibacm.fabric.sim.topo_file import Topology
+from ibacm.wire.counters import ACM_MAX_COUNTER, Counter
 from tests.conftest import require_file, require_peer
 
 pytestmark = [pytest.mark.peer]
 PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs/device.cpython-311-x86_64-linux-gnu.so")
 NODES = 4
-COUNTER_NAMES = (
-    "Error Count",
-    "Resolve Count",
-    "No Data",
-    "Addr Query Count",
-    "Addr Cache Count",
-    "Route Query Count",
-    "Route Cache Count",
-)
 
 
 @dataclass(frozen=True)
@@ -96,8 +88,10 @@ def counters(sim: Sim) -> dict[str, int]:
     result = ib_acme(sim, "-P")
     assert result.returncode == 0, result.stdout + result.stderr
     header, values = result.stdout.splitlines()[:2]
-    assert header.split(",")[1:] == list(COUNTER_NAMES)
-    return dict(zip(COUNTER_NAMES, (int(v) for v in values.split(",")[1:]), strict=True))
+    # The C tool's own labels: our one definition of the counters must match them.
+    labels = [counter.label for counter in Counter][:ACM_MAX_COUNTER]
+    assert header.split(",")[1:] == labels
+    return dict(zip(labels, (int(v) for v in values.split(",")[1:]), strict=True))
 
 
 def test_resolve_and_verify_prints_the_peer_lid(sim: Sim) -> None:

@@ -13,6 +13,7 @@ import ibacm
 from ibacm.config.options import ServerMode
 from ibacm.wire import admin as wire
 from ibacm.wire.client import AddrType
+from ibacm.wire.counters import Counter
 from tests.core.support import Running, make_options, sim_daemon
 
 
@@ -62,7 +63,7 @@ async def test_snapshot(tmp_path: Path) -> None:
         assert snap["daemon"]["providers"] == ["testprov"]
         assert snap["daemon"]["modules"] == ibacm.variant.describe()  # compiled or as written
         assert snap["options"]["server_mode"] == "unix"
-        assert snap["counters"] == [0] * 7
+        assert snap["counters"] == [0] * len(Counter)
         [port] = snap["ports"]
         assert (port["id"], port["state"], port["lid"]) == ("mlx5_0/1", "ACTIVE", 2)
         assert port["sa"]["depth"] == 1
@@ -74,7 +75,7 @@ async def test_snapshot(tmp_path: Path) -> None:
             {"type": "ip6", "address": "fd00::1/64"},
             {"type": "name", "address": "node1"},
         ]
-        assert endpoint["counters"] == [0] * 7
+        assert endpoint["counters"] == [0] * len(Counter)
         await admin.stream.aclose()
 
 

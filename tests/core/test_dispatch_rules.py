@@ -305,7 +305,20 @@ async def test_perf_query_forms(tmp_path: Path) -> None:
         assert AcmHdr.decode(refused).status == AcmStatus.ESRCADDR
         not_source = EpAddr.from_ip("10.1.0.2", 0)
         counted = decode_perf_reply(await ask(core, encode_perf_request(3, not_source)))
-        assert counted.counters == core.counters.snapshot()
+        assert counted.counters == core.counters.snapshot()[:7]  # the C counters only
+
+
+@pytest.mark.trio
+async def test_a_perf_reply_carries_the_c_counters_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian's ib_acme -P dies of SIGSEGV on a reply with more than ACM_MAX_COUNTER counters:
+    a provider that counts more (as one of ours may) still answers those seven."""
+    async with sim_core(tmp_path) as core:
+        monkeypatch.setattr(core.provider, "query_perf", lambda ctx: list(range(1, 10)))
+        reply = decode_perf_reply(await ask(core, encode_perf_request(1)))
+        assert (reply.hdr.status, reply.hdr.data0, reply.hdr.length) == (0, 7, 16 + 8 * 7)
+        assert reply.counters == [1, 2, 3, 4, 5, 6, 7]
 
 
 def _ep(core_reply: bytes) -> tuple[AcmHdr, EpConfig | None]:

@@ -12,11 +12,11 @@ from textual.pilot import Pilot
 from textual.widgets import Input, RichLog, Sparkline, Static
 
 from ibacm.wire.admin import EventMessage
+from ibacm.wire.counters import Counter
 from tests.tui.cluster import SimCluster
 from tests.tui.lab import EP1, LabServer
 from tests.tui.workload import BackgroundWorkload, resolve_when_ready
 from tui.app import TAB_IDS, Dashboard, Target
-from tui.model import RESOLVE
 from tui.screens import ConfirmScreen, FlushScreen, HelpScreen
 from tui.tables import KeyedTable
 
@@ -231,7 +231,7 @@ async def test_rates_start_over_with_a_restarted_daemon(cluster: SimCluster) -> 
                 lambda: any(value > 5 for value in rps.data or []),
                 "the old daemon's resolve rate",
             )
-        assert app.model.counters[RESOLVE] > 5
+        assert app.model.counters[Counter.RESOLVE] > 5
         command = cluster.stop_daemon("node2")
         await until(pilot, lambda: not app.connected, "the disconnection")
         cluster.start_daemon("node2", command)

@@ -1,18 +1,20 @@
 """Which daemon's admin socket an operator tool talks to: ``--admin PATH``, a node of an
 ``ibacm-sim`` cluster (``--dir SIMDIR --node NAME``), or the daemon's default.
 
-Shared by ``ibacm-admin`` and the ``ibacm-tui`` dashboard so both read the same flags the same
-way.
+Shared by ``ibacm-admin`` (tools) and the ``ibacm-tui`` dashboard so both read the same flags
+the same way; it lives here, with the paths it derives from, where both can import it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ibacm.config.options import Options
+from ibacm.config.paths import RunPaths
+
 
 def default_admin_socket() -> str:
-    from ibacm.config.options import Options
-
+    """The admin socket of a daemon run with the default options."""
     return str(Options().admin_socket_path)
 
 
@@ -31,6 +33,7 @@ def admin_target(admin: str | None, sim_dir: str | None, node: str | None) -> tu
             nodes = sorted(p.name for p in root.iterdir() if p.is_dir())
             known = ", ".join(nodes) if nodes else "none"
             raise ValueError(f"no node {node!r} in {root} (nodes: {known})")
-        return str(node_dir / "ibacm-admin.sock"), node
+        # ibacm-sim runs each node's daemon with its directory as run_dir.
+        return str(RunPaths(node_dir).admin_socket), node
     path = admin or default_admin_socket()
     return path, path
