@@ -41,6 +41,7 @@ from ibacm.acmp.cache import (
     DestCache,
     DestEntry,
     EntryState,
+    KeyText,
     PendingQuery,
     cache_key,
     key_address,
@@ -54,10 +55,19 @@ from ibacm.acmp.groups import (
     parse_join_reply,
     plan_groups,
 )
-from ibacm.acmp.protocol import PeerProtocol
+from ibacm.acmp.protocol import (
+    Action,
+    Complete,
+    Count,
+    PeerMoved,
+    PeerProtocol,
+    RouteWanted,
+    SendResponse,
+)
 from ibacm.acmp.resolution import NOT_READY, Resolver
 from ibacm.acmp.routes import (
     BULK_COMP_MASK,
+    SaOutcome,
     SaPaths,
     av_from_path,
     av_to_peer,
@@ -73,6 +83,7 @@ from ibacm.wire.rates import get_rate
 
 if TYPE_CHECKING:
     from ibacm.config.options import Options
+    from ibacm.fabric.api import ReceivedMad
     from ibacm.provider.api import CoreAddress, CoreEndpoint, CorePort, CoreServices
 
 log = get_logger("ibacm.acmp")
@@ -200,6 +211,10 @@ class EndpointStats:
     def as_dict(self) -> dict[str, int]:
         # The names from the module: a compiled class has no ``__slots__`` to read.
         return {name: getattr(self, name) for name in _STATS}
+
+    def add(self, name: str) -> None:
+        """One more of ``name`` (the peer protocol's ``Count``)."""
+        setattr(self, name, getattr(self, name) + 1)
 
 
 class ResolveCredits:
@@ -331,6 +346,21 @@ class AcmpEndpoint:
     @property
     def qpn(self) -> int:
         return self.qp.qpn if self.qp is not None else 0
+
+    @property
+    def lid(self) -> int:
+        return self.port.lid
+
+    @property
+    def gid(self) -> bytes:
+        return self.port.gid
+
+    @property
+    def subnet_timeout_ms(self) -> int:
+        return self.port.subnet_timeout_ms
+
+    def next_tid(self) -> int:
+        return self.core.next_tid()
 
     def _credit_wait(self) -> float:
         """How long a resolution waits for a resolve credit: half a response window, so the
@@ -612,7 +642,65 @@ class AcmpEndpoint:
             # One clock reading per batch: its MADs share the lifetimes' deadline floats.
             now = trio.current_time()
             for received in batch:
-                self.protocol.handle(received, now)
+                self.receive_mad(received, now)
+
+    def receive_mad(self, received: ReceivedMad, now: float | None = None) -> None:
+        """One MAD as the receive loop takes it (``now``: the trio clock by default)."""
+        if now is None:
+            now = trio.current_time()
+        for action in self.protocol.receive(received, now):
+            self.apply(action, now)
+
+    def apply(self, action: Action, now: float) -> None:
+        """Do what the peer protocol decided (``protocol.Action``), in the round it did."""
+        if isinstance(action, Count):
+            self.stats.add(action.tally)
+        elif isinstance(action, SendResponse):
+            self.queue_response(action.mad, action.av, action.qpn)
+        elif isinstance(action, Complete):
+            action.query.complete(action.status, action.reason)
+        elif isinstance(action, RouteWanted):
+            self.resolver.peer_asked(action.entry, action.tid, now)
+        else:
+            self._peer_moved(action)
+
+    def _peer_moved(self, moved: PeerMoved) -> None:
+        self.stats.peer_moves += 1
+        log.info(
+            "peer LID changed; its other cached routes dropped",
+            peer=KeyText(moved.entry.key),
+            lid=moved.lid,
+            dropped=moved.dropped,
+        )
+
+    def respond(self, entry: DestEntry, tid: int, status: int) -> None:
+        """Answer a peer's request ``tid`` for our address (``PeerProtocol.response``)."""
+        self.apply(self.protocol.response(entry, tid, status), math.nan)
+
+    @property
+    def can_ask(self) -> bool:
+        group0 = self.group0
+        return group0.joined and group0.av is not None and self.qp is not None
+
+    async def send_request(self, mad: bytes) -> bool:
+        """Multicast an ACM request on group 0; a failed send is counted (the retries go
+        on); False once the QP is closed."""
+        qp, av = self.qp, self.group0.av
+        if qp is None:
+            return False
+        if av is None:
+            # Group 0 is being joined again: this transmission is lost, as on a fabric.
+            self.stats.send_errors += 1
+            return True
+        try:
+            await qp.send(mad, av, MULTICAST_QPN)
+        except FabricError as exc:
+            self.stats.send_errors += 1
+            log.debug("request send failed", error=str(exc))
+        return True
+
+    async def sa_get(self, query: PathRecord) -> SaOutcome:
+        return await self.port.sa.get(query)
 
     def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
         try:

@@ -19,12 +19,17 @@ records), with that status, which C requesters accept and pass on to their clien
 (C stayed silent and its requesters waited for their full timeout, defect 43). When the SA
 did not answer in time we stay silent like C: the requester retransmits with the same TID,
 and that retransmission starts a new route query here.
+
+The resolver does not know the endpoint: it works through ``ResolverHost``, what an endpoint
+provides (its cache, counters, options, groups, a multicast send, the SA, its responses to
+peers). The peer protocol's ``RouteWanted`` actions come here (``peer_asked``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -44,10 +49,9 @@ from ibacm.acmp.cache import (
     key_type,
     lid_key,
 )
-from ibacm.acmp.groups import joined_mgids
-from ibacm.acmp.routes import path_from_group, path_query, sa_phase_budget
+from ibacm.acmp.groups import McGroup, joined_mgids
+from ibacm.acmp.routes import SaOutcome, path_from_group, path_query, sa_phase_budget
 from ibacm.config.options import RouteProt
-from ibacm.fabric.api import MULTICAST_QPN, FabricError
 from ibacm.log import get_logger
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
@@ -55,7 +59,9 @@ from ibacm.wire.client import AcmStatus, EpAddr
 from ibacm.wire.path_record import AimablePath, PathRecord
 
 if TYPE_CHECKING:
-    from ibacm.acmp.endpoint import AcmpEndpoint
+    from ibacm.acmp.cache import DestCache
+    from ibacm.acmp.counters import EndpointCounters
+    from ibacm.config.options import Options
 
 log = get_logger("ibacm.acmp")
 
@@ -89,18 +95,101 @@ def _path_key(request: PathRecord) -> CacheKey:
     return lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
 
 
+class ResolverHost(Protocol):
+    """What a resolver uses of its endpoint (the endpoint provides it)."""
+
+    @property
+    def ready(self) -> bool:
+        """Group 0 is joined: resolutions may start."""
+
+    @property
+    def options(self) -> Options: ...
+
+    @property
+    def addr_lifetime(self) -> float: ...
+
+    @property
+    def route_lifetime(self) -> float: ...
+
+    @property
+    def subnet_timeout_ms(self) -> int:
+        """Added to each wait for an answer (behavior.md §8)."""
+
+    @property
+    def cache(self) -> DestCache: ...
+
+    @property
+    def counters(self) -> EndpointCounters: ...
+
+    @property
+    def outstanding(self) -> dict[int, PendingQuery]:
+        """Our ACM requests awaiting a response, by TID (the peer protocol matches them)."""
+
+    @property
+    def groups(self) -> list[McGroup]: ...
+
+    @property
+    def joined(self) -> Mapping[bytes, McGroup]: ...
+
+    @property
+    def pkey(self) -> int: ...
+
+    @property
+    def lid(self) -> int:
+        """Our port's LID (the source of path-form queries)."""
+
+    @property
+    def gid(self) -> bytes:
+        """Our port's GID."""
+
+    @property
+    def loopback_local(self) -> bool: ...
+
+    @property
+    def can_ask(self) -> bool:
+        """An ACM request can go out now (group 0 joined, the QP open)."""
+
+    @property
+    def resolve_credits(self) -> AbstractAsyncContextManager[None]:
+        """Held while an ACM request is out (``resolve_depth``)."""
+
+    def next_tid(self) -> int: ...
+
+    def local_match(self, addr_type: int, address: bytes) -> bool: ...
+
+    def loopback_route(self) -> PathRecord: ...
+
+    def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None: ...
+
+    def send_request(self, mad: bytes) -> Awaitable[bool]:
+        """Multicast an ACM request on group 0; False once the QP is closed."""
+
+    def sa_get(self, query: PathRecord) -> Awaitable[SaOutcome]:
+        """An SA PathRecord query within the route phase's budget."""
+
+    def respond(self, entry: DestEntry, tid: int, status: int) -> None:
+        """Answer the peer's request ``tid`` for our address."""
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Run a task in the endpoint's nursery; False once it stopped."""
+
+    def note_failure(self, dest: object, status: int, reason: str) -> None: ...
+
+    def publish_entry(self, entry: DestEntry) -> None: ...
+
+
 class Resolver:
     """Client-driven and peer-driven resolutions of one endpoint."""
 
-    def __init__(self, endpoint: AcmpEndpoint) -> None:
-        self.ep = endpoint
+    def __init__(self, host: ResolverHost) -> None:
+        self.ep = host
 
     # -- budgets --------------------------------------------------------------------------
 
     @property
     def attempt_wait(self) -> float:
         """Seconds to wait for a response after each transmission (mad-protocol.md §7)."""
-        return (self.ep.options.timeout + self.ep.port.subnet_timeout_ms) / 1000.0
+        return (self.ep.options.timeout + self.ep.subnet_timeout_ms) / 1000.0
 
     @property
     def address_budget(self) -> float:
@@ -202,8 +291,7 @@ class Resolver:
         op = entry.op
         if op is None:
             if entry.state is EntryState.INIT or entry.route_dest() is None:
-                port = ep.port
-                entry.query = path_query(request, ep.pkey, port.lid, port.gid)
+                entry.query = path_query(request, ep.pkey, ep.lid, ep.gid)
                 ep.cache.set_state(entry, EntryState.ADDR_RESOLVED)
             op = self._start(entry, None)
         return await self._park(entry, op, nodelay)
@@ -240,9 +328,31 @@ class Resolver:
 
     # -- operations -----------------------------------------------------------------------
 
-    def start_route(self, entry: DestEntry) -> Operation:
-        """A route for an entry nobody local waits for (a peer asked for our address)."""
-        return self._start(entry, None)
+    def peer_asked(self, entry: DestEntry, tid: int | None, now: float) -> None:
+        """The peer protocol's ``RouteWanted``: a peer's request taught or confirmed the
+        entry's address. Its route is taken at once when known here; else looked up when
+        someone needs it: a client's resolution in progress, or the peer itself, which
+        asked for our address (request ``tid``) and is answered once the route is known."""
+        state = entry.state
+        if state is EntryState.QUERY_ROUTE:
+            if tid is not None:
+                entry.reply_tid = tid  # answered when the route phase ends
+            return
+        if state is not EntryState.ADDR_RESOLVED:
+            return
+        if self.route_now(entry, now):
+            # READY now: the route came from the bulk table or the shared group.
+            if tid is not None:
+                self.ep.respond(entry, tid, AcmStatus.SUCCESS)
+            return
+        if tid is None and entry.op is None:
+            return  # nobody needs the route yet
+        if tid is not None:
+            entry.reply_tid = tid
+        if entry.op is None:
+            self._start(entry, None)
+        else:
+            entry.poke()  # the resolution in progress goes on to the route
 
     def _start(self, entry: DestEntry, source: EpAddr | None) -> Operation:
         op = Operation()
@@ -284,7 +394,7 @@ class Resolver:
             # A definite answer goes back to the peer at once. After a timeout we stay
             # silent, as C: the peer's retransmission (same TID) makes us try again.
             if status != AcmStatus.ETIMEDOUT:
-                self.ep.protocol.send_response(entry, tid, status)
+                self.ep.respond(entry, tid, status)
         if not ready and entry.state is not EntryState.READY:
             self.ep.cache.forget(entry)
             self.ep.publish_entry(entry)
@@ -339,11 +449,10 @@ class Resolver:
     async def _ask(self, entry: DestEntry, source: EpAddr, pending: PendingQuery) -> None:
         """Send the request up to retries + 1 times until answered (mad-protocol.md §7)."""
         ep = self.ep
-        group0 = ep.group0
-        if not group0.joined or group0.av is None or ep.qp is None:
+        if not ep.can_ask:
             pending.complete(AcmStatus.ENODATA, NOT_READY)
             return
-        tid = ep.core.next_tid()
+        tid = ep.next_tid()
         addr_type, address = key_type(entry.key), key_address(entry.key)
         mad = acm_request(
             tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
@@ -353,14 +462,11 @@ class Resolver:
         try:
             for attempt in range(ep.options.retries + 1):
                 log.debug("acm request", tid=tid, attempt=attempt)
-                try:
-                    await ep.qp.send(mad, group0.av, MULTICAST_QPN)
-                except FabricError as exc:
-                    ep.stats.send_errors += 1
-                    log.debug("request send failed", error=str(exc))
+                if not await ep.send_request(mad):
+                    return  # the endpoint closed
                 with trio.move_on_after(self.attempt_wait):
                     await pending.done.wait()
-                if pending.done.is_set() or ep.qp is None:
+                if pending.done.is_set():
                     return
         finally:
             ep.outstanding.pop(tid, None)
@@ -389,14 +495,13 @@ class Resolver:
         if entry.state is not EntryState.ADDR_RESOLVED:
             return False
         ep = self.ep
-        if ep.bulk_by_gid:
-            dest = entry.route_dest()
-            if dest is None:
-                return False
-            table_path = ep.bulk_route(dest[0], dest[1], now)
-            if table_path is not None:
-                self._make_ready(entry, table_path, now, keep_av=False)
-                return True
+        dest = entry.route_dest()
+        if dest is None:
+            return False
+        table_path = ep.bulk_route(dest[0], dest[1], now)
+        if table_path is not None:
+            self._make_ready(entry, table_path, now, keep_av=False)
+            return True
         return ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
     async def _route_phase(self, entry: DestEntry) -> Outcome:
@@ -414,9 +519,9 @@ class Resolver:
             return AcmStatus.SUCCESS, ""
         if not any(query.sgid):
             # Hosts-file entries: our port is the source (C looked it up by the client's IP).
-            query.sgid = ep.port.gid
+            query.sgid = ep.gid
         ep.counters.both(Counter.ROUTE_QUERY)
-        outcome = await ep.port.sa.get(query)
+        outcome = await ep.sa_get(query)
         if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
             reason = outcome.reason or f"the SA answered the PathRecord query {outcome.status}"
             return outcome.status or AcmStatus.ENODATA, reason
