@@ -63,6 +63,7 @@ from ibacm.acmp.protocol import (
     PeerProtocol,
     RouteWanted,
     SendResponse,
+    peer_av,
 )
 from ibacm.acmp.resolution import NOT_READY, Resolver
 from ibacm.acmp.routes import (
@@ -70,7 +71,6 @@ from ibacm.acmp.routes import (
     SaOutcome,
     SaPaths,
     av_from_path,
-    av_to_peer,
     loopback_path,
 )
 from ibacm.config.options import LoopbackProt
@@ -767,27 +767,9 @@ class AcmpEndpoint:
         log.info("bulk route preload", endpoint=self.name, paths=len(by_gid))
 
     def peer_av(self, entry: DestEntry) -> AddressVector | None:
-        """The unicast address vector to an entry's peer, built on first use and kept.
-
-        From the route when the route came from the SA or the bulk table; else from the
-        group the peer was learned through, to the LID and GID its MAD came from. None when
-        neither is known (or that group is no longer joined)."""
-        av = entry.av
-        if av is not None:
-            return av
-        if entry.route_av:
-            path = entry.path
-            if path is None:
-                return None
-            port = self.port
-            av = av_from_path(path, port.sgid_index(path.sgid), port.lid_mask)
-        else:
-            group = self.joined.get(entry.mgid)
-            if entry.learned_from is None or group is None or group.av is None:
-                return None
-            av = av_to_peer(group.av, entry.peer_lid, entry.peer_gid, entry.peer_path_bits)
-        entry.av = av
-        return av
+        """The unicast address vector to an entry's peer (``protocol.peer_av``)."""
+        port = self.port
+        return peer_av(entry, self.joined, port.sgid_index, port.lid_mask)
 
     def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None:
         """A route from the bulk table, while it is younger than the route lifetime."""

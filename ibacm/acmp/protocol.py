@@ -26,7 +26,7 @@ Hardening beyond C, invisible to C peers:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import DEBUG
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +45,7 @@ from ibacm.acmp.cache import (
     key_type,
 )
 from ibacm.acmp.groups import McGroup, select_group
+from ibacm.acmp.routes import av_from_path, av_to_peer
 from ibacm.log import get_logger
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus
@@ -84,7 +85,7 @@ class PeerView(Protocol):
         """Whether (type, address) is one of ours."""
 
     def peer_av(self, entry: DestEntry) -> AddressVector | None:
-        """The unicast address vector to an entry's peer, if one can be built."""
+        """The unicast address vector to an entry's peer (``peer_av`` with our port's)."""
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -146,6 +147,35 @@ Action = SendResponse | Complete | RouteWanted | PeerMoved | Count
 Actions = tuple[Action, ...]
 
 _NONE: Actions = ()
+
+
+def peer_av(
+    entry: DestEntry,
+    joined: Mapping[bytes, McGroup],
+    sgid_index: Callable[[bytes], int],
+    lid_mask: int,
+) -> AddressVector | None:
+    """The unicast address vector to an entry's peer, built on first use and kept.
+
+    From the route when the route came from the SA or the bulk table; else from the group
+    the peer was learned through, to the LID and GID its MAD came from. None when neither is
+    known (or that group is no longer joined). ``sgid_index`` and ``lid_mask`` are our port's.
+    """
+    av = entry.av
+    if av is not None:
+        return av
+    if entry.route_av:
+        path = entry.path
+        if path is None:
+            return None
+        av = av_from_path(path, sgid_index(path.sgid), lid_mask)
+    else:
+        group = joined.get(entry.mgid)
+        if entry.learned_from is None or group is None or group.av is None:
+            return None
+        av = av_to_peer(group.av, entry.peer_lid, entry.peer_gid, entry.peer_path_bits)
+    entry.av = av
+    return av
 
 
 class PeerProtocol:
