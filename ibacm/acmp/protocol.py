@@ -89,9 +89,11 @@ class PeerView(Protocol):
 
 
 # -- actions ---------------------------------------------------------------------------------
+# Values, never changed once made (not ``frozen``: a frozen dataclass's ``__init__`` costs a
+# call of ``object.__setattr__`` per field, and most MADs make one of these).
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendResponse:
     """Send ``mad`` (an encoded response) to ``av``, QPN ``qpn``."""
 
@@ -100,7 +102,7 @@ class SendResponse:
     qpn: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Complete:
     """News for a resolution waiting on ``query``: its answer (a response to TID ``tid``), or
     the peer's address learned from its own request (``tid`` None). Status 0 is success."""
@@ -111,7 +113,7 @@ class Complete:
     tid: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RouteWanted:
     """The peer's address is known (ADDR_RESOLVED or QUERY_ROUTE): get its route when it is at
     hand or someone needs it, and answer the peer's request ``tid`` for our address once READY
@@ -121,7 +123,7 @@ class RouteWanted:
     tid: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PeerMoved:
     """A peer came from a new LID: ``dropped`` cached routes to its old LID were forgotten."""
 
@@ -130,7 +132,7 @@ class PeerMoved:
     dropped: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Count:
     """Add one to the endpoint statistic ``tally`` (an ``EndpointStats`` field)."""
 
@@ -237,7 +239,8 @@ class PeerProtocol:
             if targets_us:
                 return (REQUEST_RECEIVED, RouteWanted(entry, mad.tid))
             return (REQUEST_RECEIVED,)
-        actions: list[Action] = [REQUEST_RECEIVED]
+        moved: PeerMoved | None = None
+        woken: Complete | None = None
         if (
             state is EntryState.INIT
             or state is EntryState.QUERY_ADDR
@@ -247,23 +250,27 @@ class PeerProtocol:
             # The request tells us something new about its sender.
             group = select_group(mad.gids, view.joined)
             if group is None:
-                self._no_common_group(entry, actions)
-                return tuple(actions)
-            moved = entry.peer_lid not in (0, received.slid) and entry.peer_gid == received.sgid
+                return self._no_common_group(entry)
+            peer_moved = (
+                entry.peer_lid not in (0, received.slid) and entry.peer_gid == received.sgid
+            )
             self._record_address(entry, received, group, now)
-            if moved:
-                actions.append(self._peer_moved(entry, received))
-            if entry.wake is not None:
-                actions.append(Complete(entry.wake))
+            if peer_moved:
+                moved = self._peer_moved(entry, received)
+        if entry.wake is not None:
+            woken = Complete(entry.wake)
+        last: Action | None = None
         state = entry.state
         if state is EntryState.ADDR_RESOLVED:
-            actions.append(RouteWanted(entry, mad.tid if targets_us else None))
-        elif state is EntryState.READY:
-            if entry.wake is not None:
-                actions.append(Complete(entry.wake))
-            if targets_us:
-                actions.append(self.response(entry, mad.tid, AcmStatus.SUCCESS))
-        return tuple(actions)
+            last = RouteWanted(entry, mad.tid if targets_us else None)
+        elif state is EntryState.READY and targets_us:
+            last = self.response(entry, mad.tid, AcmStatus.SUCCESS)
+        if moved is None and woken is None:
+            # The common case (a job start's requests): one tuple, no list.
+            return (REQUEST_RECEIVED,) if last is None else (REQUEST_RECEIVED, last)
+        return tuple(
+            action for action in (REQUEST_RECEIVED, moved, woken, last) if action is not None
+        )
 
     def _peer_moved(self, updated: DestEntry, received: ReceivedMad) -> PeerMoved:
         """A peer's LID changed (its request came from a new SLID): the routes cached for its
@@ -284,14 +291,15 @@ class PeerProtocol:
                 cache.remove(other.key)
         return PeerMoved(updated, received.slid, len(stale))
 
-    def _no_common_group(self, entry: DestEntry, actions: list[Action]) -> None:
+    def _no_common_group(self, entry: DestEntry) -> Actions:
         log.debug("no common multicast group", peer=KeyText(entry.key), state=entry.state)
         if entry.wake is not None:
             reason = "the peer's request names no multicast group we joined"
-            actions.append(Complete(entry.wake, AcmStatus.ENODATA, reason))
-        elif not entry.busy:
+            return (REQUEST_RECEIVED, Complete(entry.wake, AcmStatus.ENODATA, reason))
+        if not entry.busy:
             # Nothing usable was learned: do not keep an empty entry around.
             self.view.cache.remove(entry.key)
+        return (REQUEST_RECEIVED,)
 
     def _record_address(
         self,
@@ -341,10 +349,11 @@ class PeerProtocol:
             return (RESPONSE_RECEIVED, Complete(pending, AcmStatus.ENODATA, reason, mad.tid))
         self._record_address(entry, received, group, now)
         done = Complete(pending, AcmStatus.SUCCESS, "", mad.tid)
+        route = RouteWanted(entry, None)
         wake = entry.wake
         if wake is not None and wake is not pending:
-            return (RESPONSE_RECEIVED, done, Complete(wake))
-        return (RESPONSE_RECEIVED, done)
+            return (RESPONSE_RECEIVED, done, Complete(wake), route)
+        return (RESPONSE_RECEIVED, done, route)
 
     @staticmethod
     def _from_address_asked(entry: DestEntry, received: ReceivedMad) -> bool:

@@ -9,6 +9,11 @@ endpoint's nursery that walks the entry from where it is to READY:
 * route phase (ADDR_RESOLVED/QUERY_ROUTE): a route from the bulk table, from the shared group
   (route_prot acm), else an SA PathRecord query.
 
+When a peer's MAD (its answer, or its own request) makes the entry READY in the receive
+loop's round, the route coming from the bulk table or the shared group, the operation ends in
+that round: its clients are answered without waiting for the task to wake up (which then
+finds its work done).
+
 Each phase, credit waits included, is bounded by its budget (``timeout x (retries + 1)``), so a
 parked request ends at the latest after one budget per phase. Clients park by awaiting the
 operation; NODELAY answers ENODATA at once while the resolution goes on. Whatever ends an
@@ -344,6 +349,11 @@ class Resolver:
             # READY now: the route came from the bulk table or the shared group.
             if tid is not None:
                 self.ep.respond(entry, tid, AcmStatus.SUCCESS)
+            op = entry.op
+            if op is not None:
+                # The clients waiting for it are answered in this round (the receive loop's),
+                # not after their resolution's task has woken up to find the entry READY.
+                self._end(entry, op, AcmStatus.SUCCESS)
             return
         if tid is None and entry.op is None:
             return  # nobody needs the route yet
@@ -373,11 +383,13 @@ class Resolver:
         # What is left if we are cancelled: the endpoint closed.
         outcome: Outcome = (AcmStatus.ENODATA, CLOSED)
         try:
-            outcome = await self._advance(entry, source)
+            outcome = await self._advance(entry, op, source)
         finally:
             self._end(entry, op, *outcome)
 
     def _end(self, entry: DestEntry, op: Operation, status: int, reason: str = "") -> None:
+        if op.finished and op.status == AcmStatus.SUCCESS:
+            return  # ended in the round that made its entry READY (``peer_asked``)
         try:
             self._close_out(entry, op, status, reason)
         finally:
@@ -408,8 +420,12 @@ class Resolver:
         else:
             self.ep.note_failure(KeyText(entry.key), status, reason)
 
-    async def _advance(self, entry: DestEntry, source: EpAddr | None) -> Outcome:
+    async def _advance(self, entry: DestEntry, op: Operation, source: EpAddr | None) -> Outcome:
         for _ in range(MAX_STEPS):
+            if op.finished:
+                # Ended meanwhile (``peer_asked``, the endpoint closing): whatever became of
+                # the entry since is another resolution's business.
+                return op.status, op.reason or "the resolution was ended meanwhile"
             state = entry.state
             if state is EntryState.READY:
                 return AcmStatus.SUCCESS, ""
@@ -437,7 +453,8 @@ class Resolver:
             async with ep.resolve_credits:
                 if not pending.done.is_set():
                     await self._ask(entry, source, pending)
-        entry.wake = None
+        if entry.wake is pending:
+            entry.wake = None
         if not pending.done.is_set():
             log.debug("acm request timed out", dest=KeyText(entry.key))
             return AcmStatus.ETIMEDOUT, (

@@ -214,7 +214,11 @@ def test_the_answer_to_our_request_completes_it_and_teaches_the_peer(side: Side)
     entry, pending, tid = asking(side, PEER_KEY)
     answer = acm_response(tid, side.group0.mgid).encode()
     actions = receive(side, from_peer(answer))
-    assert actions == (RESPONSE_RECEIVED, Complete(pending, AcmStatus.SUCCESS, "", tid))
+    assert actions == (
+        RESPONSE_RECEIVED,
+        Complete(pending, AcmStatus.SUCCESS, "", tid),
+        RouteWanted(entry, None),  # its route at once when the group or bulk table has it
+    )
     assert entry.state is EntryState.ADDR_RESOLVED
     assert (entry.peer_gid, entry.peer_lid, entry.remote_qpn) == (PEER_GID, PEER_LID, PEER_QPN)
 

@@ -196,3 +196,33 @@ async def test_begin_address_answers_at_once_when_the_endpoint_cannot_run_a_reso
     side.resolver.begin_address(SOURCE, DEST, False, answers.append)
     assert answers == [(AcmStatus.ENODATA, None)]
     assert side.failures[-1][2] == CLOSED
+
+
+async def test_with_route_prot_acm_the_answer_reaches_the_client_in_the_round_it_arrived(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The receive loop's round that takes the peer's answer (or its own request) makes the
+    entry READY from the shared group and answers the waiting client: no scheduler pass
+    between the MAD and the client's answer (issue 28's uncached path)."""
+    for theirs in ("answer", "request"):
+        side = Side(Options(route_prot=RouteProt.ACM))
+        side.join()
+        answers: list[Answer] = []
+        async with trio.open_nursery() as nursery:
+            side.nursery = nursery
+            side.resolver.begin_address(SOURCE, DEST, False, answers.append)
+            await trio.testing.wait_all_tasks_blocked()
+            (sent,) = side.requests
+            tid = AcmMad.decode(sent).tid
+            if theirs == "answer":
+                mad = acm_response(tid, side.group0.mgid).encode()
+            else:
+                mad = acm_request(1, IP, bytes(4), IP, PEER_IP, [side.group0.mgid]).encode()
+            side.receive(from_peer(mad))
+            assert len(answers) == 1, theirs  # before any checkpoint
+        (status, path) = answers[0]
+        assert status == AcmStatus.SUCCESS and path is not None
+        assert (path.dgid, path.dlid) == (PEER_GID, PEER_LID)
+        entry = side.cache.get(PEER_KEY)
+        assert entry is not None and entry.state is EntryState.READY and entry.op is None
+        assert len(side.requests) == 1 and side.failures == [] and side.outstanding == {}
