@@ -46,13 +46,14 @@ from ibacm.acmp.cache import (
 )
 from ibacm.acmp.groups import McGroup, select_group
 from ibacm.acmp.routes import av_from_path, av_to_peer
+from ibacm.fabric.api import AddressVector  # at run time: a compiled dataclass's field type
 from ibacm.log import get_logger
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
 
 if TYPE_CHECKING:
-    from ibacm.fabric.api import AddressVector, ReceivedMad
+    from ibacm.fabric.api import ReceivedMad
 
 log = get_logger("ibacm.acmp")
 
