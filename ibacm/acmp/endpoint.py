@@ -6,6 +6,10 @@ counters. Its tasks run in a nursery of their own inside the port's nursery: the
 enabled, the bulk route preload. Closing the endpoint cancels exactly these; the resolutions in
 progress then end their parked requests with ENODATA (``DOWN_STATUS``).
 
+The endpoint is what its peer protocol (``PeerView``) and its resolver (``ResolverHost``) see
+of it: the receive loop hands each MAD to ``PeerProtocol.receive`` and applies the actions it
+returns (``apply``) in the same round; neither module imports this one.
+
 Unlike C (defect 24), a closed endpoint is really closed; when the core opens it again the
 provider creates a new QP, joins again and preloads again. What it learned (the cache) is kept
 for the reopened endpoint unless the port's LID or GID changed.

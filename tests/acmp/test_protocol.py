@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ibacm.acmp.cache import GID, IP, LID, NAME, DestEntry, EntryState, PendingQuery, cache_key
+from ibacm.acmp.endpoint import EndpointStats
 from ibacm.acmp.protocol import (
     BAD_MAD,
     REQUEST_RECEIVED,
@@ -281,3 +282,19 @@ def test_no_response_goes_to_a_peer_without_an_address_vector() -> None:
     side.join()
     entry = side.cache.acquire(PEER_KEY)  # nothing learned: no QPN, no group
     assert PeerProtocol(side).response(entry, 7, AcmStatus.SUCCESS) == RESPONSE_DROPPED
+
+
+def test_every_count_names_an_endpoint_statistic() -> None:
+    """What the endpoint adds one to (``EndpointStats.add``) and shows in its snapshot."""
+    stats = EndpointStats()
+    for count in (BAD_MAD, REQUEST_RECEIVED, RESPONSE_RECEIVED, UNMATCHED_RESPONSE):
+        stats.add(count.tally)
+    stats.add(RESPONSE_DROPPED.tally)
+    shown = stats.as_dict()
+    assert {name for name, value in shown.items() if value} == {
+        "bad_mads",
+        "requests_received",
+        "responses_received",
+        "unmatched_responses",
+        "responses_dropped",
+    }
