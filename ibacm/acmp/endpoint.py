@@ -281,9 +281,6 @@ class AcmpEndpoint:
         self.port = port
         self.core: CoreServices = port.core
         self.options: Options = port.core.options
-        # Read for every entry learned: copied here, renewed only by a reload (apply_options).
-        self.addr_lifetime = self.options.addr_lifetime
-        self.route_lifetime = self.options.route_lifetime
         self.core_endpoint = core_endpoint
         self.pkey = core_endpoint.pkey
         self.cache = cache
@@ -334,8 +331,17 @@ class AcmpEndpoint:
             # so the old and new limits overlap only while those answers are out.
             self.resolve_credits = ResolveCredits(depth, self._credit_wait, self.stats)
         self.options = options
-        self.addr_lifetime = options.addr_lifetime
-        self.route_lifetime = options.route_lifetime
+        # Read for every entry learned: copied there, renewed only by a reload.
+        self.resolver.reload(options)
+        self.protocol.reload(options)
+
+    @property
+    def addr_lifetime(self) -> float:
+        return self.resolver.addr_lifetime
+
+    @property
+    def route_lifetime(self) -> float:
+        return self.resolver.route_lifetime
 
     # -- identity -------------------------------------------------------------------------
 

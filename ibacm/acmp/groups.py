@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -223,7 +223,7 @@ def group_path(granted: McMemberRecord, port_lid: int) -> PathRecord:
     return path
 
 
-def select_group(offered: Sequence[bytes], joined: Mapping[bytes, McGroup]) -> McGroup | None:
+def select_group(offered: Sequence[bytes], joined: dict[bytes, McGroup]) -> McGroup | None:
     """The most preferred of the peer's MGIDs (last first) that we joined too (§4.4)."""
     for mgid in reversed(offered):
         group = joined.get(mgid)

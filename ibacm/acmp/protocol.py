@@ -53,6 +53,7 @@ from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
 
 if TYPE_CHECKING:
+    from ibacm.config.options import Options
     from ibacm.fabric.api import ReceivedMad
 
 log = get_logger("ibacm.acmp")
@@ -68,19 +69,21 @@ class PeerView(Protocol):
         """Group 0 is joined: requests are answered and learned from."""
 
     @property
-    def cache(self) -> DestCache: ...
+    def cache(self) -> DestCache:
+        """The same object for the view's lifetime (the protocol reads it once)."""
 
     @property
-    def joined(self) -> Mapping[bytes, McGroup]:
-        """Joined groups by MGID: the only groups we advertise and accept."""
+    def joined(self) -> dict[bytes, McGroup]:
+        """Joined groups by MGID: the only groups we advertise and accept. The same object
+        for the view's lifetime (the protocol reads it once)."""
 
     @property
     def outstanding(self) -> Mapping[int, PendingQuery]:
         """Our ACM requests awaiting a response, by TID."""
 
     @property
-    def addr_lifetime(self) -> float:
-        """Seconds an address learned now stays valid."""
+    def options(self) -> Options:
+        """Read once; a reload hands the new ones to ``PeerProtocol.reload``."""
 
     def local_match(self, addr_type: int, address: bytes) -> bool:
         """Whether (type, address) is one of ours."""
@@ -154,7 +157,7 @@ _NONE: Actions = ()
 
 def peer_av(
     entry: DestEntry,
-    joined: Mapping[bytes, McGroup],
+    joined: dict[bytes, McGroup],
     sgid_index: Callable[[bytes], int],
     lid_mask: int,
 ) -> AddressVector | None:
@@ -186,6 +189,14 @@ class PeerProtocol:
 
     def __init__(self, view: PeerView) -> None:
         self.view = view
+        # Read once: typed attributes of our own cost less per MAD than the view's.
+        self.cache = view.cache
+        self.joined = view.joined
+        self.addr_lifetime = view.options.addr_lifetime
+
+    def reload(self, options: Options) -> None:
+        """A reload: addresses learned from now on get the new lifetime."""
+        self.addr_lifetime = options.addr_lifetime
 
     def receive(self, received: ReceivedMad, now: float) -> Actions:
         """One received MAD; ``now`` (trio clock) stamps the lifetimes of what it teaches
@@ -222,8 +233,7 @@ class PeerProtocol:
         except CacheKeyError:
             return (REQUEST_RECEIVED, BAD_MAD)
         targets_us = view.local_match(mad.dest_type, mad.dest)
-        cache = view.cache
-        entry = cache.acquire(key)
+        entry = self.cache.acquire(key)
         if entry.loopback:
             return (REQUEST_RECEIVED,)
         if log.enabled(DEBUG):
@@ -249,7 +259,7 @@ class PeerProtocol:
             or entry.peer_lid != received.slid
         ):
             # The request tells us something new about its sender.
-            group = select_group(mad.gids, view.joined)
+            group = select_group(mad.gids, self.joined)
             if group is None:
                 return self._no_common_group(entry)
             peer_moved = (
@@ -277,7 +287,7 @@ class PeerProtocol:
         """A peer's LID changed (its request came from a new SLID): the routes cached for its
         other addresses still lead to the old LID. They are forgotten, so the next request
         for them learns the peer again. Rare (a LID change), so a scan is affordable."""
-        cache = self.view.cache
+        cache = self.cache
         stale = [
             other
             for other in cache.learned()
@@ -299,7 +309,7 @@ class PeerProtocol:
             return (REQUEST_RECEIVED, Complete(entry.wake, AcmStatus.ENODATA, reason))
         if not entry.busy:
             # Nothing usable was learned: do not keep an empty entry around.
-            self.view.cache.remove(entry.key)
+            self.cache.remove(entry.key)
         return (REQUEST_RECEIVED,)
 
     def _record_address(
@@ -310,7 +320,6 @@ class PeerProtocol:
         now: float,
     ) -> None:
         """What a request or response tells about its sender (mad-protocol.md §6.4)."""
-        view = self.view
         assert group.av is not None and group.path is not None  # joined groups have both
         # The address vector is built when a response needs it (``PeerView.peer_av``).
         entry.av = None
@@ -324,9 +333,9 @@ class PeerProtocol:
         entry.remote_qpn = received.src_qp
         entry.peer_lid = received.slid
         entry.preloaded = False
-        cache = view.cache
+        cache = self.cache
         cache.address_resolved(entry)
-        cache.set_addr_timeout(entry, now, view.addr_lifetime)
+        cache.set_addr_timeout(entry, now, self.addr_lifetime)
 
     # -- requester side -------------------------------------------------------------------
 
@@ -344,7 +353,7 @@ class PeerProtocol:
         if status != AcmStatus.SUCCESS:
             reason = f"the peer (LID {received.slid}) answered status {status}"
             return (RESPONSE_RECEIVED, Complete(pending, status, reason, mad.tid))
-        group = select_group(mad.gids, view.joined)
+        group = select_group(mad.gids, self.joined)
         if group is None:
             reason = "the peer's answer names no multicast group we joined"
             return (RESPONSE_RECEIVED, Complete(pending, AcmStatus.ENODATA, reason, mad.tid))

@@ -32,7 +32,7 @@ peers). The peer protocol's ``RouteWanted`` actions come here (``peer_asked``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -108,20 +108,16 @@ class ResolverHost(Protocol):
         """Group 0 is joined: resolutions may start."""
 
     @property
-    def options(self) -> Options: ...
-
-    @property
-    def addr_lifetime(self) -> float: ...
-
-    @property
-    def route_lifetime(self) -> float: ...
+    def options(self) -> Options:
+        """Read once; a reload hands the new ones to ``Resolver.reload``."""
 
     @property
     def subnet_timeout_ms(self) -> int:
         """Added to each wait for an answer (behavior.md §8)."""
 
     @property
-    def cache(self) -> DestCache: ...
+    def cache(self) -> DestCache:
+        """The same object for the host's lifetime (read once), as ``counters``, ``joined``."""
 
     @property
     def counters(self) -> EndpointCounters: ...
@@ -134,7 +130,7 @@ class ResolverHost(Protocol):
     def groups(self) -> list[McGroup]: ...
 
     @property
-    def joined(self) -> Mapping[bytes, McGroup]: ...
+    def joined(self) -> dict[bytes, McGroup]: ...
 
     @property
     def pkey(self) -> int: ...
@@ -188,21 +184,33 @@ class Resolver:
 
     def __init__(self, host: ResolverHost) -> None:
         self.ep = host
+        # Read once: typed attributes of our own cost less per use than the host's.
+        self.cache = host.cache
+        self.counters = host.counters
+        self.joined = host.joined
+        self.reload(host.options)
+
+    def reload(self, options: Options) -> None:
+        """A reload: later reads of the options (timeouts, retries, route_prot) see
+        ``options``; entries made READY from now on get the new lifetimes."""
+        self.options = options
+        self.addr_lifetime = options.addr_lifetime
+        self.route_lifetime = options.route_lifetime
 
     # -- budgets --------------------------------------------------------------------------
 
     @property
     def attempt_wait(self) -> float:
         """Seconds to wait for a response after each transmission (mad-protocol.md §7)."""
-        return (self.ep.options.timeout + self.ep.subnet_timeout_ms) / 1000.0
+        return (self.options.timeout + self.ep.subnet_timeout_ms) / 1000.0
 
     @property
     def address_budget(self) -> float:
-        return self.attempt_wait * (self.ep.options.retries + 1)
+        return self.attempt_wait * (self.options.retries + 1)
 
     @property
     def route_budget(self) -> float:
-        return sa_phase_budget(self.ep.options)
+        return sa_phase_budget(self.options)
 
     # -- client requests ------------------------------------------------------------------
 
@@ -239,7 +247,7 @@ class Resolver:
         """What ``resolve_address`` does before it waits: the answer, when it is at hand;
         else the entry and the operation to wait for (started now, when none was)."""
         ep = self.ep
-        counters = ep.counters
+        counters = self.counters
         if not ep.ready:
             counters.endpoint_only(Counter.NODATA)
             ep.note_failure(dest.address_text(), AcmStatus.ENODATA, NOT_READY)
@@ -256,8 +264,8 @@ class Resolver:
             # where nobody answered).
             counters.both(Counter.ROUTE_CACHE)
             return AcmStatus.SUCCESS, ep.loopback_route()
-        entry = ep.cache.acquire(key)
-        ep.cache.check_lifetimes(entry, trio.current_time())
+        entry = self.cache.acquire(key)
+        self.cache.check_lifetimes(entry, trio.current_time())
         if entry.state is EntryState.READY:
             # No log line here (a filtered debug call costs more than the hit). The client
             # loop answers most hits from the route table before they come here.
@@ -279,15 +287,15 @@ class Resolver:
     ) -> tuple[int, PathRecord | None]:
         """Path form (behavior.md §10.3): keyed by DLID, else DGID; the route from the SA."""
         ep = self.ep
-        counters = ep.counters
+        counters = self.counters
         if not ep.ready:
             counters.endpoint_only(Counter.NODATA)
             ep.note_failure(KeyText(_path_key(request)), AcmStatus.ENODATA, NOT_READY)
             return AcmStatus.ENODATA, None
         counters.endpoint_only(Counter.RESOLVE)
         key = _path_key(request)
-        entry = ep.cache.acquire(key)
-        ep.cache.check_lifetimes(entry, trio.current_time())
+        entry = self.cache.acquire(key)
+        self.cache.check_lifetimes(entry, trio.current_time())
         log.debug("resolve path", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
@@ -297,7 +305,7 @@ class Resolver:
         if op is None:
             if entry.state is EntryState.INIT or entry.route_dest() is None:
                 entry.query = path_query(request, ep.pkey, ep.lid, ep.gid)
-                ep.cache.set_state(entry, EntryState.ADDR_RESOLVED)
+                self.cache.set_state(entry, EntryState.ADDR_RESOLVED)
             op = self._start(entry, None)
         return await self._park(entry, op, nodelay)
 
@@ -314,7 +322,7 @@ class Resolver:
 
     def _nodelay(self) -> Answer:
         """NODELAY on a miss: ENODATA at once; the resolution goes on."""
-        self.ep.counters.endpoint_only(Counter.NODATA)
+        self.counters.endpoint_only(Counter.NODATA)
         return AcmStatus.ENODATA, None
 
     def _parked(self, entry: DestEntry, op: Operation) -> Answer:
@@ -327,7 +335,7 @@ class Resolver:
             self.ep.note_failure(KeyText(entry.key), status, reason)
         if status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA
-        counters = self.ep.counters
+        counters = self.counters
         counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)
         return status, None
 
@@ -367,7 +375,7 @@ class Resolver:
     def _start(self, entry: DestEntry, source: EpAddr | None) -> Operation:
         op = Operation()
         entry.op = op
-        cache = self.ep.cache
+        cache = self.cache
         if entry.state is EntryState.INIT:
             cache.set_state(entry, EntryState.QUERY_ADDR)
         if entry.state is EntryState.QUERY_ADDR:
@@ -408,7 +416,7 @@ class Resolver:
             if status != AcmStatus.ETIMEDOUT:
                 self.ep.respond(entry, tid, status)
         if not ready and entry.state is not EntryState.READY:
-            self.ep.cache.forget(entry)
+            self.cache.forget(entry)
             self.ep.publish_entry(entry)
         entry.wake = None
         if entry.op is op:
@@ -445,7 +453,7 @@ class Resolver:
     async def _address_phase(self, entry: DestEntry, source: EpAddr) -> Outcome:
         ep = self.ep
         if entry.state is EntryState.INIT:
-            ep.cache.set_state(entry, EntryState.QUERY_ADDR)
+            self.cache.set_state(entry, EntryState.QUERY_ADDR)
         pending = entry.wake
         if pending is None:
             pending = entry.wake = PendingQuery(entry)
@@ -459,7 +467,7 @@ class Resolver:
             log.debug("acm request timed out", dest=KeyText(entry.key))
             return AcmStatus.ETIMEDOUT, (
                 f"no answer to the ACM request within {self.address_budget:g} s "
-                f"({ep.options.retries + 1} transmissions)"
+                f"({self.options.retries + 1} transmissions)"
             )
         return pending.status, pending.reason
 
@@ -474,10 +482,10 @@ class Resolver:
         mad = acm_request(
             tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
         ).encode()
-        ep.counters.both(Counter.ADDR_QUERY)
+        self.counters.both(Counter.ADDR_QUERY)
         ep.outstanding[tid] = pending
         try:
-            for attempt in range(ep.options.retries + 1):
+            for attempt in range(self.options.retries + 1):
                 log.debug("acm request", tid=tid, attempt=attempt)
                 if not await ep.send_request(mad):
                     return  # the endpoint closed
@@ -492,7 +500,7 @@ class Resolver:
 
     def route_from_group(self, entry: DestEntry, now: float) -> bool:
         """route_prot acm: make the entry READY from the group both sides share (§12.1)."""
-        group = self.ep.joined.get(entry.mgid)
+        group = self.joined.get(entry.mgid)
         dest = entry.route_dest()
         if group is None or group.path is None or group.route is None or dest is None:
             return False
@@ -519,11 +527,11 @@ class Resolver:
         if table_path is not None:
             self._make_ready(entry, table_path, now, keep_av=False)
             return True
-        return ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
+        return self.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
     async def _route_phase(self, entry: DestEntry) -> Outcome:
         ep = self.ep
-        ep.cache.set_state(entry, EntryState.QUERY_ROUTE)
+        self.cache.set_state(entry, EntryState.QUERY_ROUTE)
         query = entry.route_query()
         if query is None:
             return AcmStatus.ENODATA, "no route query: the peer's address is not known"
@@ -532,12 +540,12 @@ class Resolver:
         if table_path is not None:
             self._make_ready(entry, table_path, now, keep_av=False)
             return AcmStatus.SUCCESS, ""
-        if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
+        if self.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
             return AcmStatus.SUCCESS, ""
         if not any(query.sgid):
             # Hosts-file entries: our port is the source (C looked it up by the client's IP).
             query.sgid = ep.gid
-        ep.counters.both(Counter.ROUTE_QUERY)
+        self.counters.both(Counter.ROUTE_QUERY)
         outcome = await ep.sa_get(query)
         if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
             reason = outcome.reason or f"the SA answered the PathRecord query {outcome.status}"
@@ -565,8 +573,8 @@ class Resolver:
             entry.route_av = True
         if not entry.peer_lid and path is not None:
             entry.peer_lid = path.dlid
-        ep.cache.make_ready(
-            entry, now, ep.addr_lifetime, ep.route_lifetime, path, group_route=group_route
+        self.cache.make_ready(
+            entry, now, self.addr_lifetime, self.route_lifetime, path, group_route=group_route
         )
         ep.publish_entry(entry)
         entry.poke()

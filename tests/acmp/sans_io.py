@@ -62,8 +62,6 @@ class Side:
 
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()
-        self.addr_lifetime = self.options.addr_lifetime
-        self.route_lifetime = self.options.route_lifetime
         self.subnet_timeout_ms = 0
         self.pkey = PKEY
         self.lid = OUR_LID

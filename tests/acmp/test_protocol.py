@@ -23,6 +23,7 @@ from ibacm.acmp.protocol import (
     RouteWanted,
     SendResponse,
 )
+from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad
 from ibacm.wire.acm_mad import ACM_METHOD_RESP, AcmMad, acm_request, acm_response
 from ibacm.wire.client import AcmStatus
@@ -78,7 +79,7 @@ def test_a_request_for_us_teaches_the_peer_and_wants_its_route(side: Side) -> No
     assert actions == (REQUEST_RECEIVED, RouteWanted(entry, 7))
     assert entry.state is EntryState.ADDR_RESOLVED
     assert (entry.peer_gid, entry.peer_lid, entry.remote_qpn) == (PEER_GID, PEER_LID, PEER_QPN)
-    assert entry.mgid == side.group0.mgid and entry.addr_expiry == NOW + side.addr_lifetime
+    assert entry.mgid == side.group0.mgid and entry.addr_expiry == NOW + side.options.addr_lifetime
 
 
 def test_a_request_for_someone_else_is_learned_from_but_not_answered(side: Side) -> None:
@@ -298,3 +299,10 @@ def test_every_count_names_an_endpoint_statistic() -> None:
         "unmatched_responses",
         "responses_dropped",
     }
+
+
+def test_a_reload_gives_addresses_learned_afterwards_the_new_lifetime(side: Side) -> None:
+    side.protocol.reload(Options(addr_timeout=5))
+    receive(side, from_peer(request(side, dest=ELSEWHERE)))
+    entry = side.cache.get(PEER_KEY)
+    assert entry is not None and entry.addr_expiry == NOW + 300.0

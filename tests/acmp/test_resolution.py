@@ -226,3 +226,15 @@ async def test_with_route_prot_acm_the_answer_reaches_the_client_in_the_round_it
         entry = side.cache.get(PEER_KEY)
         assert entry is not None and entry.state is EntryState.READY and entry.op is None
         assert len(side.requests) == 1 and side.failures == [] and side.outstanding == {}
+
+
+async def test_a_reload_changes_where_routes_come_from_and_their_lifetime() -> None:
+    side = Side()
+    side.join()
+    side.resolver.reload(Options(route_prot=RouteProt.ACM, route_timeout=7))
+    theirs = acm_request(6, IP, OUR_IP, IP, PEER_IP, [side.group0.mgid]).encode()
+    now = trio.current_time()
+    side.receive(from_peer(theirs), now)
+    entry = side.cache.get(PEER_KEY)
+    assert entry is not None and entry.state is EntryState.READY and side.sa_queries == []
+    assert entry.route_expiry == now + 420.0
