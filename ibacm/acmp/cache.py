@@ -282,7 +282,7 @@ class DestEntry:
         self.peer_gid = NO_GID
         self.av: AddressVector | None = None
         """Unicast address vector to the peer (responses), once built: an endpoint makes it
-        when first needed (``AcmpEndpoint.peer_av``), most peers never need one."""
+        when first needed (``protocol.peer_av``), most peers never need one."""
         self.route_av = False
         """The address vector follows ``path`` (an SA or table route), not the group the
         peer was learned through."""

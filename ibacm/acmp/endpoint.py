@@ -6,6 +6,10 @@ counters. Its tasks run in a nursery of their own inside the port's nursery: the
 enabled, the bulk route preload. Closing the endpoint cancels exactly these; the resolutions in
 progress then end their parked requests with ENODATA (``DOWN_STATUS``).
 
+The endpoint is what its peer protocol (``PeerView``) and its resolver (``ResolverHost``) see
+of it: the receive loop hands each MAD to ``PeerProtocol.receive`` and applies the actions it
+returns (``apply``) in the same round; neither module imports this one.
+
 Unlike C (defect 24), a closed endpoint is really closed; when the core opens it again the
 provider creates a new QP, joins again and preloads again. What it learned (the cache) is kept
 for the reopened endpoint unless the port's LID or GID changed.
@@ -41,6 +45,7 @@ from ibacm.acmp.cache import (
     DestCache,
     DestEntry,
     EntryState,
+    KeyText,
     PendingQuery,
     cache_key,
     key_address,
@@ -54,13 +59,22 @@ from ibacm.acmp.groups import (
     parse_join_reply,
     plan_groups,
 )
-from ibacm.acmp.protocol import PeerProtocol
+from ibacm.acmp.protocol import (
+    Action,
+    Complete,
+    Count,
+    PeerMoved,
+    PeerProtocol,
+    RouteWanted,
+    SendResponse,
+    peer_av,
+)
 from ibacm.acmp.resolution import NOT_READY, Resolver
 from ibacm.acmp.routes import (
     BULK_COMP_MASK,
+    SaOutcome,
     SaPaths,
     av_from_path,
-    av_to_peer,
     loopback_path,
 )
 from ibacm.config.options import LoopbackProt
@@ -73,6 +87,7 @@ from ibacm.wire.rates import get_rate
 
 if TYPE_CHECKING:
     from ibacm.config.options import Options
+    from ibacm.fabric.api import ReceivedMad
     from ibacm.provider.api import CoreAddress, CoreEndpoint, CorePort, CoreServices
 
 log = get_logger("ibacm.acmp")
@@ -201,6 +216,10 @@ class EndpointStats:
         # The names from the module: a compiled class has no ``__slots__`` to read.
         return {name: getattr(self, name) for name in _STATS}
 
+    def add(self, name: str) -> None:
+        """One more of ``name`` (the peer protocol's ``Count``)."""
+        setattr(self, name, getattr(self, name) + 1)
+
 
 class ResolveCredits:
     """The ``resolve_depth`` credits of an endpoint (behavior.md §13), with a bounded wait.
@@ -262,9 +281,6 @@ class AcmpEndpoint:
         self.port = port
         self.core: CoreServices = port.core
         self.options: Options = port.core.options
-        # Read for every entry learned: copied here, renewed only by a reload (apply_options).
-        self.addr_lifetime = self.options.addr_lifetime
-        self.route_lifetime = self.options.route_lifetime
         self.core_endpoint = core_endpoint
         self.pkey = core_endpoint.pkey
         self.cache = cache
@@ -315,8 +331,17 @@ class AcmpEndpoint:
             # so the old and new limits overlap only while those answers are out.
             self.resolve_credits = ResolveCredits(depth, self._credit_wait, self.stats)
         self.options = options
-        self.addr_lifetime = options.addr_lifetime
-        self.route_lifetime = options.route_lifetime
+        # Read for every entry learned: copied there, renewed only by a reload.
+        self.resolver.reload(options)
+        self.protocol.reload(options)
+
+    @property
+    def addr_lifetime(self) -> float:
+        return self.resolver.addr_lifetime
+
+    @property
+    def route_lifetime(self) -> float:
+        return self.resolver.route_lifetime
 
     # -- identity -------------------------------------------------------------------------
 
@@ -331,6 +356,21 @@ class AcmpEndpoint:
     @property
     def qpn(self) -> int:
         return self.qp.qpn if self.qp is not None else 0
+
+    @property
+    def lid(self) -> int:
+        return self.port.lid
+
+    @property
+    def gid(self) -> bytes:
+        return self.port.gid
+
+    @property
+    def subnet_timeout_ms(self) -> int:
+        return self.port.subnet_timeout_ms
+
+    def next_tid(self) -> int:
+        return self.core.next_tid()
 
     def _credit_wait(self) -> float:
         """How long a resolution waits for a resolve credit: half a response window, so the
@@ -612,7 +652,65 @@ class AcmpEndpoint:
             # One clock reading per batch: its MADs share the lifetimes' deadline floats.
             now = trio.current_time()
             for received in batch:
-                self.protocol.handle(received, now)
+                self.receive_mad(received, now)
+
+    def receive_mad(self, received: ReceivedMad, now: float | None = None) -> None:
+        """One MAD as the receive loop takes it (``now``: the trio clock by default)."""
+        if now is None:
+            now = trio.current_time()
+        for action in self.protocol.receive(received, now):
+            self.apply(action, now)
+
+    def apply(self, action: Action, now: float) -> None:
+        """Do what the peer protocol decided (``protocol.Action``), in the round it did."""
+        if isinstance(action, Count):
+            self.stats.add(action.tally)
+        elif isinstance(action, SendResponse):
+            self.queue_response(action.mad, action.av, action.qpn)
+        elif isinstance(action, Complete):
+            action.query.complete(action.status, action.reason)
+        elif isinstance(action, RouteWanted):
+            self.resolver.peer_asked(action.entry, action.tid, now)
+        else:
+            self._peer_moved(action)
+
+    def _peer_moved(self, moved: PeerMoved) -> None:
+        self.stats.peer_moves += 1
+        log.info(
+            "peer LID changed; its other cached routes dropped",
+            peer=KeyText(moved.entry.key),
+            lid=moved.lid,
+            dropped=moved.dropped,
+        )
+
+    def respond(self, entry: DestEntry, tid: int, status: int) -> None:
+        """Answer a peer's request ``tid`` for our address (``PeerProtocol.response``)."""
+        self.apply(self.protocol.response(entry, tid, status), math.nan)
+
+    @property
+    def can_ask(self) -> bool:
+        group0 = self.group0
+        return group0.joined and group0.av is not None and self.qp is not None
+
+    async def send_request(self, mad: bytes) -> bool:
+        """Multicast an ACM request on group 0; a failed send is counted (the retries go
+        on); False once the QP is closed."""
+        qp, av = self.qp, self.group0.av
+        if qp is None:
+            return False
+        if av is None:
+            # Group 0 is being joined again: this transmission is lost, as on a fabric.
+            self.stats.send_errors += 1
+            return True
+        try:
+            await qp.send(mad, av, MULTICAST_QPN)
+        except FabricError as exc:
+            self.stats.send_errors += 1
+            log.debug("request send failed", error=str(exc))
+        return True
+
+    async def sa_get(self, query: PathRecord) -> SaOutcome:
+        return await self.port.sa.get(query)
 
     def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
         try:
@@ -679,27 +777,9 @@ class AcmpEndpoint:
         log.info("bulk route preload", endpoint=self.name, paths=len(by_gid))
 
     def peer_av(self, entry: DestEntry) -> AddressVector | None:
-        """The unicast address vector to an entry's peer, built on first use and kept.
-
-        From the route when the route came from the SA or the bulk table; else from the
-        group the peer was learned through, to the LID and GID its MAD came from. None when
-        neither is known (or that group is no longer joined)."""
-        av = entry.av
-        if av is not None:
-            return av
-        if entry.route_av:
-            path = entry.path
-            if path is None:
-                return None
-            port = self.port
-            av = av_from_path(path, port.sgid_index(path.sgid), port.lid_mask)
-        else:
-            group = self.joined.get(entry.mgid)
-            if entry.learned_from is None or group is None or group.av is None:
-                return None
-            av = av_to_peer(group.av, entry.peer_lid, entry.peer_gid, entry.peer_path_bits)
-        entry.av = av
-        return av
+        """The unicast address vector to an entry's peer (``protocol.peer_av``)."""
+        port = self.port
+        return peer_av(entry, self.joined, port.sgid_index, port.lid_mask)
 
     def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None:
         """A route from the bulk table, while it is younger than the route lifetime."""

@@ -9,6 +9,11 @@ endpoint's nursery that walks the entry from where it is to READY:
 * route phase (ADDR_RESOLVED/QUERY_ROUTE): a route from the bulk table, from the shared group
   (route_prot acm), else an SA PathRecord query.
 
+When a peer's MAD (its answer, or its own request) makes the entry READY in the receive
+loop's round, the route coming from the bulk table or the shared group, the operation ends in
+that round: its clients are answered without waiting for the task to wake up (which then
+finds its work done).
+
 Each phase, credit waits included, is bounded by its budget (``timeout x (retries + 1)``), so a
 parked request ends at the latest after one budget per phase. Clients park by awaiting the
 operation; NODELAY answers ENODATA at once while the resolution goes on. Whatever ends an
@@ -19,12 +24,17 @@ records), with that status, which C requesters accept and pass on to their clien
 (C stayed silent and its requesters waited for their full timeout, defect 43). When the SA
 did not answer in time we stay silent like C: the requester retransmits with the same TID,
 and that retransmission starts a new route query here.
+
+The resolver does not know the endpoint: it works through ``ResolverHost``, what an endpoint
+provides (its cache, counters, options, groups, a multicast send, the SA, its responses to
+peers). The peer protocol's ``RouteWanted`` actions come here (``peer_asked``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -44,10 +54,9 @@ from ibacm.acmp.cache import (
     key_type,
     lid_key,
 )
-from ibacm.acmp.groups import joined_mgids
-from ibacm.acmp.routes import path_from_group, path_query, sa_phase_budget
+from ibacm.acmp.groups import McGroup, joined_mgids
+from ibacm.acmp.routes import SaOutcome, path_from_group, path_query, sa_phase_budget
 from ibacm.config.options import RouteProt
-from ibacm.fabric.api import MULTICAST_QPN, FabricError
 from ibacm.log import get_logger
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
@@ -55,7 +64,9 @@ from ibacm.wire.client import AcmStatus, EpAddr
 from ibacm.wire.path_record import AimablePath, PathRecord
 
 if TYPE_CHECKING:
-    from ibacm.acmp.endpoint import AcmpEndpoint
+    from ibacm.acmp.cache import DestCache
+    from ibacm.acmp.counters import EndpointCounters
+    from ibacm.config.options import Options
 
 log = get_logger("ibacm.acmp")
 
@@ -89,26 +100,117 @@ def _path_key(request: PathRecord) -> CacheKey:
     return lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
 
 
+class ResolverHost(Protocol):
+    """What a resolver uses of its endpoint (the endpoint provides it)."""
+
+    @property
+    def ready(self) -> bool:
+        """Group 0 is joined: resolutions may start."""
+
+    @property
+    def options(self) -> Options:
+        """Read once; a reload hands the new ones to ``Resolver.reload``."""
+
+    @property
+    def subnet_timeout_ms(self) -> int:
+        """Added to each wait for an answer (behavior.md §8)."""
+
+    @property
+    def cache(self) -> DestCache:
+        """The same object for the host's lifetime (read once), as ``counters``, ``joined``."""
+
+    @property
+    def counters(self) -> EndpointCounters: ...
+
+    @property
+    def outstanding(self) -> dict[int, PendingQuery]:
+        """Our ACM requests awaiting a response, by TID (the peer protocol matches them)."""
+
+    @property
+    def groups(self) -> list[McGroup]: ...
+
+    @property
+    def joined(self) -> dict[bytes, McGroup]: ...
+
+    @property
+    def pkey(self) -> int: ...
+
+    @property
+    def lid(self) -> int:
+        """Our port's LID (the source of path-form queries)."""
+
+    @property
+    def gid(self) -> bytes:
+        """Our port's GID."""
+
+    @property
+    def loopback_local(self) -> bool: ...
+
+    @property
+    def can_ask(self) -> bool:
+        """An ACM request can go out now (group 0 joined, the QP open)."""
+
+    @property
+    def resolve_credits(self) -> AbstractAsyncContextManager[None]:
+        """Held while an ACM request is out (``resolve_depth``)."""
+
+    def next_tid(self) -> int: ...
+
+    def local_match(self, addr_type: int, address: bytes) -> bool: ...
+
+    def loopback_route(self) -> PathRecord: ...
+
+    def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None: ...
+
+    def send_request(self, mad: bytes) -> Awaitable[bool]:
+        """Multicast an ACM request on group 0; False once the QP is closed."""
+
+    def sa_get(self, query: PathRecord) -> Awaitable[SaOutcome]:
+        """An SA PathRecord query within the route phase's budget."""
+
+    def respond(self, entry: DestEntry, tid: int, status: int) -> None:
+        """Answer the peer's request ``tid`` for our address."""
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Run a task in the endpoint's nursery; False once it stopped."""
+
+    def note_failure(self, dest: object, status: int, reason: str) -> None: ...
+
+    def publish_entry(self, entry: DestEntry) -> None: ...
+
+
 class Resolver:
     """Client-driven and peer-driven resolutions of one endpoint."""
 
-    def __init__(self, endpoint: AcmpEndpoint) -> None:
-        self.ep = endpoint
+    def __init__(self, host: ResolverHost) -> None:
+        self.ep = host
+        # Read once: typed attributes of our own cost less per use than the host's.
+        self.cache = host.cache
+        self.counters = host.counters
+        self.joined = host.joined
+        self.reload(host.options)
+
+    def reload(self, options: Options) -> None:
+        """A reload: later reads of the options (timeouts, retries, route_prot) see
+        ``options``; entries made READY from now on get the new lifetimes."""
+        self.options = options
+        self.addr_lifetime = options.addr_lifetime
+        self.route_lifetime = options.route_lifetime
 
     # -- budgets --------------------------------------------------------------------------
 
     @property
     def attempt_wait(self) -> float:
         """Seconds to wait for a response after each transmission (mad-protocol.md §7)."""
-        return (self.ep.options.timeout + self.ep.port.subnet_timeout_ms) / 1000.0
+        return (self.options.timeout + self.ep.subnet_timeout_ms) / 1000.0
 
     @property
     def address_budget(self) -> float:
-        return self.attempt_wait * (self.ep.options.retries + 1)
+        return self.attempt_wait * (self.options.retries + 1)
 
     @property
     def route_budget(self) -> float:
-        return sa_phase_budget(self.ep.options)
+        return sa_phase_budget(self.options)
 
     # -- client requests ------------------------------------------------------------------
 
@@ -145,7 +247,7 @@ class Resolver:
         """What ``resolve_address`` does before it waits: the answer, when it is at hand;
         else the entry and the operation to wait for (started now, when none was)."""
         ep = self.ep
-        counters = ep.counters
+        counters = self.counters
         if not ep.ready:
             counters.endpoint_only(Counter.NODATA)
             ep.note_failure(dest.address_text(), AcmStatus.ENODATA, NOT_READY)
@@ -162,8 +264,8 @@ class Resolver:
             # where nobody answered).
             counters.both(Counter.ROUTE_CACHE)
             return AcmStatus.SUCCESS, ep.loopback_route()
-        entry = ep.cache.acquire(key)
-        ep.cache.check_lifetimes(entry, trio.current_time())
+        entry = self.cache.acquire(key)
+        self.cache.check_lifetimes(entry, trio.current_time())
         if entry.state is EntryState.READY:
             # No log line here (a filtered debug call costs more than the hit). The client
             # loop answers most hits from the route table before they come here.
@@ -185,15 +287,15 @@ class Resolver:
     ) -> tuple[int, PathRecord | None]:
         """Path form (behavior.md §10.3): keyed by DLID, else DGID; the route from the SA."""
         ep = self.ep
-        counters = ep.counters
+        counters = self.counters
         if not ep.ready:
             counters.endpoint_only(Counter.NODATA)
             ep.note_failure(KeyText(_path_key(request)), AcmStatus.ENODATA, NOT_READY)
             return AcmStatus.ENODATA, None
         counters.endpoint_only(Counter.RESOLVE)
         key = _path_key(request)
-        entry = ep.cache.acquire(key)
-        ep.cache.check_lifetimes(entry, trio.current_time())
+        entry = self.cache.acquire(key)
+        self.cache.check_lifetimes(entry, trio.current_time())
         log.debug("resolve path", dest=KeyText(key), state=entry.state, nodelay=nodelay)
         if entry.state is EntryState.READY:
             counters.both(Counter.ROUTE_CACHE)
@@ -202,9 +304,8 @@ class Resolver:
         op = entry.op
         if op is None:
             if entry.state is EntryState.INIT or entry.route_dest() is None:
-                port = ep.port
-                entry.query = path_query(request, ep.pkey, port.lid, port.gid)
-                ep.cache.set_state(entry, EntryState.ADDR_RESOLVED)
+                entry.query = path_query(request, ep.pkey, ep.lid, ep.gid)
+                self.cache.set_state(entry, EntryState.ADDR_RESOLVED)
             op = self._start(entry, None)
         return await self._park(entry, op, nodelay)
 
@@ -221,7 +322,7 @@ class Resolver:
 
     def _nodelay(self) -> Answer:
         """NODELAY on a miss: ENODATA at once; the resolution goes on."""
-        self.ep.counters.endpoint_only(Counter.NODATA)
+        self.counters.endpoint_only(Counter.NODATA)
         return AcmStatus.ENODATA, None
 
     def _parked(self, entry: DestEntry, op: Operation) -> Answer:
@@ -234,20 +335,47 @@ class Resolver:
             self.ep.note_failure(KeyText(entry.key), status, reason)
         if status == AcmStatus.SUCCESS:
             status = AcmStatus.ENODATA
-        counters = self.ep.counters
+        counters = self.counters
         counters.endpoint_only(Counter.NODATA if status == AcmStatus.ENODATA else Counter.ERROR)
         return status, None
 
     # -- operations -----------------------------------------------------------------------
 
-    def start_route(self, entry: DestEntry) -> Operation:
-        """A route for an entry nobody local waits for (a peer asked for our address)."""
-        return self._start(entry, None)
+    def peer_asked(self, entry: DestEntry, tid: int | None, now: float) -> None:
+        """The peer protocol's ``RouteWanted``: a peer's request taught or confirmed the
+        entry's address. Its route is taken at once when known here; else looked up when
+        someone needs it: a client's resolution in progress, or the peer itself, which
+        asked for our address (request ``tid``) and is answered once the route is known."""
+        state = entry.state
+        if state is EntryState.QUERY_ROUTE:
+            if tid is not None:
+                entry.reply_tid = tid  # answered when the route phase ends
+            return
+        if state is not EntryState.ADDR_RESOLVED:
+            return
+        if self.route_now(entry, now):
+            # READY now: the route came from the bulk table or the shared group.
+            if tid is not None:
+                self.ep.respond(entry, tid, AcmStatus.SUCCESS)
+            op = entry.op
+            if op is not None:
+                # The clients waiting for it are answered in this round (the receive loop's),
+                # not after their resolution's task has woken up to find the entry READY.
+                self._end(entry, op, AcmStatus.SUCCESS)
+            return
+        if tid is None and entry.op is None:
+            return  # nobody needs the route yet
+        if tid is not None:
+            entry.reply_tid = tid
+        if entry.op is None:
+            self._start(entry, None)
+        else:
+            entry.poke()  # the resolution in progress goes on to the route
 
     def _start(self, entry: DestEntry, source: EpAddr | None) -> Operation:
         op = Operation()
         entry.op = op
-        cache = self.ep.cache
+        cache = self.cache
         if entry.state is EntryState.INIT:
             cache.set_state(entry, EntryState.QUERY_ADDR)
         if entry.state is EntryState.QUERY_ADDR:
@@ -263,11 +391,13 @@ class Resolver:
         # What is left if we are cancelled: the endpoint closed.
         outcome: Outcome = (AcmStatus.ENODATA, CLOSED)
         try:
-            outcome = await self._advance(entry, source)
+            outcome = await self._advance(entry, op, source)
         finally:
             self._end(entry, op, *outcome)
 
     def _end(self, entry: DestEntry, op: Operation, status: int, reason: str = "") -> None:
+        if op.finished and op.status == AcmStatus.SUCCESS:
+            return  # ended in the round that made its entry READY (``peer_asked``)
         try:
             self._close_out(entry, op, status, reason)
         finally:
@@ -284,9 +414,9 @@ class Resolver:
             # A definite answer goes back to the peer at once. After a timeout we stay
             # silent, as C: the peer's retransmission (same TID) makes us try again.
             if status != AcmStatus.ETIMEDOUT:
-                self.ep.protocol.send_response(entry, tid, status)
+                self.ep.respond(entry, tid, status)
         if not ready and entry.state is not EntryState.READY:
-            self.ep.cache.forget(entry)
+            self.cache.forget(entry)
             self.ep.publish_entry(entry)
         entry.wake = None
         if entry.op is op:
@@ -298,8 +428,12 @@ class Resolver:
         else:
             self.ep.note_failure(KeyText(entry.key), status, reason)
 
-    async def _advance(self, entry: DestEntry, source: EpAddr | None) -> Outcome:
+    async def _advance(self, entry: DestEntry, op: Operation, source: EpAddr | None) -> Outcome:
         for _ in range(MAX_STEPS):
+            if op.finished:
+                # Ended meanwhile (``peer_asked``, the endpoint closing): whatever became of
+                # the entry since is another resolution's business.
+                return op.status, op.reason or "the resolution was ended meanwhile"
             state = entry.state
             if state is EntryState.READY:
                 return AcmStatus.SUCCESS, ""
@@ -319,7 +453,7 @@ class Resolver:
     async def _address_phase(self, entry: DestEntry, source: EpAddr) -> Outcome:
         ep = self.ep
         if entry.state is EntryState.INIT:
-            ep.cache.set_state(entry, EntryState.QUERY_ADDR)
+            self.cache.set_state(entry, EntryState.QUERY_ADDR)
         pending = entry.wake
         if pending is None:
             pending = entry.wake = PendingQuery(entry)
@@ -327,40 +461,37 @@ class Resolver:
             async with ep.resolve_credits:
                 if not pending.done.is_set():
                     await self._ask(entry, source, pending)
-        entry.wake = None
+        if entry.wake is pending:
+            entry.wake = None
         if not pending.done.is_set():
             log.debug("acm request timed out", dest=KeyText(entry.key))
             return AcmStatus.ETIMEDOUT, (
                 f"no answer to the ACM request within {self.address_budget:g} s "
-                f"({ep.options.retries + 1} transmissions)"
+                f"({self.options.retries + 1} transmissions)"
             )
         return pending.status, pending.reason
 
     async def _ask(self, entry: DestEntry, source: EpAddr, pending: PendingQuery) -> None:
         """Send the request up to retries + 1 times until answered (mad-protocol.md §7)."""
         ep = self.ep
-        group0 = ep.group0
-        if not group0.joined or group0.av is None or ep.qp is None:
+        if not ep.can_ask:
             pending.complete(AcmStatus.ENODATA, NOT_READY)
             return
-        tid = ep.core.next_tid()
+        tid = ep.next_tid()
         addr_type, address = key_type(entry.key), key_address(entry.key)
         mad = acm_request(
             tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
         ).encode()
-        ep.counters.both(Counter.ADDR_QUERY)
+        self.counters.both(Counter.ADDR_QUERY)
         ep.outstanding[tid] = pending
         try:
-            for attempt in range(ep.options.retries + 1):
+            for attempt in range(self.options.retries + 1):
                 log.debug("acm request", tid=tid, attempt=attempt)
-                try:
-                    await ep.qp.send(mad, group0.av, MULTICAST_QPN)
-                except FabricError as exc:
-                    ep.stats.send_errors += 1
-                    log.debug("request send failed", error=str(exc))
+                if not await ep.send_request(mad):
+                    return  # the endpoint closed
                 with trio.move_on_after(self.attempt_wait):
                     await pending.done.wait()
-                if pending.done.is_set() or ep.qp is None:
+                if pending.done.is_set():
                     return
         finally:
             ep.outstanding.pop(tid, None)
@@ -369,7 +500,7 @@ class Resolver:
 
     def route_from_group(self, entry: DestEntry, now: float) -> bool:
         """route_prot acm: make the entry READY from the group both sides share (§12.1)."""
-        group = self.ep.joined.get(entry.mgid)
+        group = self.joined.get(entry.mgid)
         dest = entry.route_dest()
         if group is None or group.path is None or group.route is None or dest is None:
             return False
@@ -389,19 +520,18 @@ class Resolver:
         if entry.state is not EntryState.ADDR_RESOLVED:
             return False
         ep = self.ep
-        if ep.bulk_by_gid:
-            dest = entry.route_dest()
-            if dest is None:
-                return False
-            table_path = ep.bulk_route(dest[0], dest[1], now)
-            if table_path is not None:
-                self._make_ready(entry, table_path, now, keep_av=False)
-                return True
-        return ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
+        dest = entry.route_dest()
+        if dest is None:
+            return False
+        table_path = ep.bulk_route(dest[0], dest[1], now)
+        if table_path is not None:
+            self._make_ready(entry, table_path, now, keep_av=False)
+            return True
+        return self.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
     async def _route_phase(self, entry: DestEntry) -> Outcome:
         ep = self.ep
-        ep.cache.set_state(entry, EntryState.QUERY_ROUTE)
+        self.cache.set_state(entry, EntryState.QUERY_ROUTE)
         query = entry.route_query()
         if query is None:
             return AcmStatus.ENODATA, "no route query: the peer's address is not known"
@@ -410,13 +540,13 @@ class Resolver:
         if table_path is not None:
             self._make_ready(entry, table_path, now, keep_av=False)
             return AcmStatus.SUCCESS, ""
-        if ep.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
+        if self.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
             return AcmStatus.SUCCESS, ""
         if not any(query.sgid):
             # Hosts-file entries: our port is the source (C looked it up by the client's IP).
-            query.sgid = ep.port.gid
-        ep.counters.both(Counter.ROUTE_QUERY)
-        outcome = await ep.port.sa.get(query)
+            query.sgid = ep.gid
+        self.counters.both(Counter.ROUTE_QUERY)
+        outcome = await ep.sa_get(query)
         if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
             reason = outcome.reason or f"the SA answered the PathRecord query {outcome.status}"
             return outcome.status or AcmStatus.ENODATA, reason
@@ -443,8 +573,8 @@ class Resolver:
             entry.route_av = True
         if not entry.peer_lid and path is not None:
             entry.peer_lid = path.dlid
-        ep.cache.make_ready(
-            entry, now, ep.addr_lifetime, ep.route_lifetime, path, group_route=group_route
+        self.cache.make_ready(
+            entry, now, self.addr_lifetime, self.route_lifetime, path, group_route=group_route
         )
         ep.publish_entry(entry)
         entry.poke()

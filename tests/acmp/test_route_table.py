@@ -235,7 +235,7 @@ async def test_routes_learned_from_peers_and_peers_that_moved(autojump_clock: ob
         )
         received = ReceivedMad(request.encode(), world.node("node2").gids[0], bytes(16), 77, 4242)
         before = table_of(c["node1"]).find(AddrType.IP, node2_ip.info, trio.current_time())
-        endpoint1.protocol.handle(received, trio.current_time())
+        endpoint1.receive_mad(received, trio.current_time())
         after = table_of(c["node1"]).find(AddrType.IP, node2_ip.info, trio.current_time())
         assert before is not None and after is not None and after is not before
         assert PathRecord.decode(after.packed).dlid == 77

@@ -28,7 +28,7 @@ snapshot's; for a daemon process, asked through its admin socket right after the
 Per full daemon (median and max over the K):
 
 * ``cpu_s``: the CPU of the daemon's part of the job start: every MAD its endpoint handled
-  (timed around the receive loop's ``PeerProtocol.handle``; the N - 1 first requests and
+  (timed around the receive loop's ``AcmpEndpoint.receive_mad``; the N - 1 first requests and
   the answers to its own), plus its resolution loop, run alone, less what was done meanwhile
   by the daemons' MAD handlers, the peers and the simulated SA (all in this process);
 * ``sim_s``: simulated time from the first request heard to the last peer resolved;

@@ -389,7 +389,7 @@ def route_file(data: bytes) -> None:
 
 def make_acmp_handler_target() -> Target:
     """Received MADs through a live provider (mad_handler_target): ACM MADs through
-    ``PeerProtocol.handle``, SA MADs as the SA's answer to its route query or GetTable."""
+    ``AcmpEndpoint.receive_mad``, SA MADs as the SA's answer to its route query or GetTable."""
     return HandlerRig().feed
 
 

@@ -4,7 +4,7 @@ Each input is one MAD received by node1's ``AcmpProvider`` on a 3-node ``SimWorl
 acmp test harness), handed to the code that receives it in the daemon:
 
 * an ACM MAD (any class byte but 0x03) goes to the function the endpoint's receive loop
-  calls, ``PeerProtocol.handle``. So requests are matched against node1's addresses,
+  calls, ``AcmpEndpoint.receive_mad``. So requests are matched against node1's addresses,
   senders are learned into its cache (and a peer's LID change noticed), answers are queued
   and sent, route queries go to the simulated SA and responses are matched against what is
   outstanding;
@@ -217,7 +217,7 @@ class HandlerRig:
 
     async def _handle(self, data: bytes) -> None:
         assert self.endpoint is not None
-        self.endpoint.protocol.handle(self.received(data))
+        self.endpoint.receive_mad(self.received(data))
         await trio.testing.wait_all_tasks_blocked()
 
     # -- SA answers ----------------------------------------------------------------------
@@ -257,7 +257,7 @@ class HandlerRig:
         stranger = Sender(gid, 0x2000 + number % 0x8000, STRANGER_QPN)
         self._armed = _Armed(data, table=False, peer=gid)
         request = acm_request(number & 0xFFFFFFFF, NAME, b"node1", GID, gid, self.mgids[:1])
-        ep.protocol.handle(self._from(stranger, request.encode()))
+        ep.receive_mad(self._from(stranger, request.encode()))
         key = cache_key(GID, gid)
         entry = ep.cache.get(key)
         for _ in range(SETTLE_ROUNDS):
