@@ -33,8 +33,8 @@ fi
 if ! .venv/bin/python -m ibacm.fabric.emu.build >/dev/null; then
   echo "setup: the emulated HCA library could not be built; --c-ibacm/--hw nodes are unavailable" >&2
 fi
-# The core functions of acm_prov.h, for provider libraries loaded by the daemon (ibacm/cprov).
-if ! .venv/bin/python -c "from ibacm.cprov.provider import core_library; core_library()"; then
+# The core functions of acm_prov.h, for provider libraries loaded by the daemon (ibacm/provider/cprov).
+if ! .venv/bin/python -c "from ibacm.provider.cprov.provider import core_library; core_library()"; then
   echo "setup: libibacm_core could not be built; provider libraries cannot be loaded" >&2
 fi
 # The hot modules compiled with mypyc (ibacm/compiled): used when built for these sources,

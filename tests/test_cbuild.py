@@ -1,4 +1,4 @@
-"""The project's small C libraries, built with the system compiler (ibacm.cbuild): once per
+"""The project's small C libraries, built with the system compiler (ibacm.compiled.clib): once per
 source version, into the library cache, under a hash of the sources."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ibacm.cbuild import HEADERS, CBuildError, cache_dir, ensure_library
+from ibacm.compiled.clib import HEADERS, CBuildError, cache_dir, ensure_library
 from tests.conftest import require_file, require_peer
 
 

@@ -5,7 +5,7 @@
 
 ``MODULES`` are the modules every resolution and every cached RESOLVE runs through. At
 set-up they are compiled with mypyc (the compiler that comes with mypy, the ``compiled``
-extra) into the library cache directory (``cbuild.cache_dir()``), in a directory named after
+extra) into the library cache directory (``clib.cache_dir()``), in a directory named after
 a hash of their sources and of the interpreter's extension ABI: a build of other sources, or
 for another interpreter, is never found, so an edited module never runs stale. A package
 ships its build beside the modules instead (``build --ship``, into ``builds/`` here), where
@@ -38,7 +38,7 @@ from importlib.abc import MetaPathFinder
 from pathlib import Path
 from types import ModuleType
 
-from ibacm.cbuild import cache_dir
+from ibacm.compiled.clib import cache_dir
 
 MODULES = (
     "ibacm.wire.client",
@@ -49,12 +49,12 @@ MODULES = (
     "ibacm.core.hits",
     "ibacm.core.clients",
     "ibacm.core.dispatch",
-    "ibacm.acmp.cache",
-    "ibacm.acmp.counters",
-    "ibacm.acmp.protocol",
-    "ibacm.acmp.resolution",
-    "ibacm.acmp.endpoint",
-    "ibacm.acmp.groups",
+    "ibacm.provider.acmp.cache",
+    "ibacm.provider.acmp.counters",
+    "ibacm.provider.acmp.protocol",
+    "ibacm.provider.acmp.resolution",
+    "ibacm.provider.acmp.endpoint",
+    "ibacm.provider.acmp.groups",
     "ibacm.log",
 )
 """Compiled together (one mypyc group): the client protocol, the dispatcher, the provider's

@@ -52,12 +52,12 @@ from ibacm.core.clients import ClientServer
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.events import EventBus
 from ibacm.core.listeners import ClientListeners, ListenerError, open_client_listeners
+from ibacm.core.local_topology import AddressFile, Topology, endpoint_summary, port_info
 from ibacm.core.logging import CONFIG_LOGGER, LogControl, python_level
 from ibacm.core.model import EndpointState, find_endpoint, iter_endpoints
 from ibacm.core.netlink_ls import LsService, open_ls_socket, serve_netlink
 from ibacm.core.services import DaemonServices
 from ibacm.core.srcaddr import Probe, kernel_probe
-from ibacm.core.topology import AddressFile, Topology, endpoint_summary, port_info
 from ibacm.fabric.api import Fabric, NoDevicesError
 from ibacm.fabric.capture import CaptureControl, CaptureError, TapFabric
 from ibacm.log import get_logger
@@ -202,7 +202,7 @@ class Daemon:
         self.services = DaemonServices(self.options, self.counters, self.bus)
         self.provider_entries = list(providers) if providers is not None else None
         self.c_bridge: object | None = None
-        """The core of provider libraries (ibacm.cprov), when any is loaded."""
+        """The core of provider libraries (ibacm.provider.cprov), when any is loaded."""
         self.providers = ProviderSet({})
         self.addr_file = AddressFile(addr_file, support_ips=self.options.support_ips_in_addr_cfg)
         self.topology = Topology(self.tap, self.providers, self.services, self.addr_file)
@@ -373,7 +373,8 @@ class Daemon:
         return self._provider_libraries()
 
     def _provider_libraries(self) -> list[ProviderEntry]:
-        """The providers built for rdma-core's ibacm in ``provider_lib_path`` (ibacm/cprov)."""
+        """The providers built for rdma-core's ibacm in ``provider_lib_path``
+        (ibacm/provider/cprov)."""
         directory = Path(self.options.provider_lib_path)
         if not directory.is_dir() or not any(directory.glob("*.so")):
             return []
@@ -383,7 +384,7 @@ class Daemon:
                 path=str(directory),
             )
             return []
-        from ibacm.cprov.provider import CoreBridge, CProviderError, discover_c_providers
+        from ibacm.provider.cprov.provider import CoreBridge, CProviderError, discover_c_providers
 
         try:
             token = trio.lowlevel.current_trio_token()

@@ -31,8 +31,8 @@ import trio.testing
 from ibacm.fabric.api import AddressVector
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AddrType
-from tests.acmp.harness import ipv4
 from tests.bench.common import current_rss_mb, exit_on_sigterm, verdict, write_results
+from tests.provider.acmp.harness import ipv4
 from tests.reliability.live import live_cluster
 
 BATCH = 200

@@ -88,14 +88,14 @@ from typing import Any
 import trio
 import trio.testing
 
-from ibacm.acmp.cache import NO_GID, DestEntry
-from ibacm.acmp.groups import joined_mgids
 from ibacm.config.options import Options
 from ibacm.fabric.api import ZERO_GID as ZERO_GID_API
 from ibacm.fabric.api import AddressVector, ReceivedMad
 from ibacm.fabric.sim.hub import serve_hub
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.acmp.cache import NO_GID, DestEntry
+from ibacm.provider.acmp.groups import joined_mgids
 from ibacm.provider.api import Counter as AcmCounter
 from ibacm.tools.admin_cli import AdminConnection
 from ibacm.tools.sim import addr_text

@@ -23,10 +23,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ibacm.acmp.groups import McGroup, build_join, parse_join_reply, plan_groups, select_group
 from ibacm.config.options import Options
 from ibacm.fabric.api import MULTICAST_QPN, AddressVector, ReceivedMad, SaDestination, UdQp
 from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.acmp.groups import (
+    McGroup,
+    build_join,
+    parse_join_reply,
+    plan_groups,
+    select_group,
+)
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_request, acm_response
 from ibacm.wire.client import AddrType, EpAddr
 from ibacm.wire.errors import WireError

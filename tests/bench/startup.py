@@ -152,7 +152,7 @@ def interpreter_floor(env: dict[str, str]) -> dict[str, float]:
     return {
         "python_start_ms": timed("pass"),
         "import_daemon_ms": timed(
-            "import ibacm.core.cli, ibacm.acmp.provider, ibacm.fabric.sim.hub"
+            "import ibacm.core.cli, ibacm.provider.acmp.provider, ibacm.fabric.sim.hub"
         ),
     }
 

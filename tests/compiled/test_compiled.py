@@ -50,7 +50,7 @@ def test_a_new_build_keeps_only_the_newest_older_builds(tmp_path: Path) -> None:
 
 def test_without_a_build_auto_runs_the_modules_as_written(tmp_path: Path) -> None:
     done = _python(
-        "import ibacm, ibacm.acmp.cache as c; print(ibacm.variant.describe(), c.__file__)",
+        "import ibacm, ibacm.provider.acmp.cache as c; print(ibacm.variant.describe(), c.__file__)",
         IBACM_LIB_DIR=str(tmp_path),
     )
     assert done.returncode == 0, done.stderr
@@ -126,7 +126,9 @@ def test_a_cache_it_may_not_look_into_means_as_written(tmp_path: Path) -> None:
 
 
 def test_0_runs_the_modules_as_written_even_with_a_build() -> None:
-    done = _python("import ibacm, ibacm.acmp.cache as c; print(c.__file__)", IBACM_COMPILED="0")
+    done = _python(
+        "import ibacm, ibacm.provider.acmp.cache as c; print(c.__file__)", IBACM_COMPILED="0"
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("cache.py")
 
 
@@ -170,7 +172,7 @@ def test_a_package_runs_the_build_shipped_beside_its_modules(tmp_path: Path) -> 
     shipped = compiled.shipped_dir(package)
     assert done.stdout.strip() == str(shipped)
     code = (
-        "import ibacm, ibacm.acmp.cache as c\n"
+        "import ibacm, ibacm.provider.acmp.cache as c\n"
         "print(ibacm.variant.describe()); print(ibacm.variant.reason); print(c.__file__)\n"
     )
     environ = {k: v for k, v in os.environ.items() if k != ENV}
@@ -192,7 +194,7 @@ def test_a_package_runs_the_build_shipped_beside_its_modules(tmp_path: Path) -> 
         assert found.stdout.split("\n")[:3] == [
             f"compiled ({len(MODULES)} modules, mypyc)",
             "the build shipped beside the modules",
-            str(compiled.extension_path(shipped, "ibacm.acmp.cache")),
+            str(compiled.extension_path(shipped, "ibacm.provider.acmp.cache")),
         ]
     # An edited copy is other sources: its shipped build is never loaded, nor made from these.
     edited = source_path(MODULES[-1], package)

@@ -12,18 +12,18 @@ from typing import Any
 
 import trio
 
-from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ProviderLine, ServerMode
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
+from ibacm.core.local_topology import AddressFile
+from ibacm.core.local_topology import Topology as CoreTopology
 from ibacm.core.model import iter_endpoints
 from ibacm.core.services import DaemonServices
 from ibacm.core.srcaddr import Probe
-from ibacm.core.topology import AddressFile
-from ibacm.core.topology import Topology as CoreTopology
 from ibacm.fabric.api import IpAddress
 from ibacm.fabric.sim.topo_file import Topology, generate
 from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.acmp.provider import AcmpProvider
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import ProviderEntry, ProviderSet
 from ibacm.wire.client import MSG_MAX, ClientFramer
@@ -226,7 +226,7 @@ async def sim_core(
             nursery.cancel_scope.cancel()
 
 
-IBACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+IBACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.provider.acmp.provider:AcmpProvider")
 
 
 @dataclass

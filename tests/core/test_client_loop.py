@@ -25,9 +25,9 @@ import pytest
 import structlog
 import trio
 
-from ibacm.acmp.provider import AcmpProvider
 from ibacm.core.client_loop import ClientLimits, ClientLoop, Note, NoteKind
 from ibacm.core.hits import HitPath
+from ibacm.provider.acmp.provider import AcmpProvider
 from tests.reliability.live import live_cluster
 
 HITS = 1_000_000

@@ -134,12 +134,12 @@ async def test_changes_are_published(tmp_path: Path) -> None:
 
 @pytest.mark.trio
 async def test_capture_started_and_stopped_through_the_admin_socket(tmp_path: Path) -> None:
-    from ibacm.acmp.provider import AcmpProvider
+    from ibacm.provider.acmp.provider import AcmpProvider
     from ibacm.provider.registry import ProviderEntry
     from ibacm.wire.erf import parse_pcap
 
     capture = tmp_path / "live.pcap"
-    ibacmp = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+    ibacmp = ProviderEntry("ibacmp", AcmpProvider, "ibacm.provider.acmp.provider:AcmpProvider")
     async with sim_daemon(
         tmp_path,
         addr_lines=["node1 mlx5_0 1 default"],

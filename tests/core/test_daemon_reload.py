@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import trio
 
-from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.config.options import Options
 from ibacm.core.daemon import CORE_OPTIONS, PROVIDER_OPTIONS, RESTART_OPTIONS, Daemon
 from ibacm.core.model import iter_endpoints
+from ibacm.provider.acmp.endpoint import AcmpEndpoint
 from tests.core.support import cluster, make_options, sim_daemon
 
 Probe = Callable[[Daemon, AcmpEndpoint], Any]

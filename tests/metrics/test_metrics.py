@@ -25,13 +25,13 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
 from ibacm.core.metrics import DaemonMetrics, MetricsError, serve_metrics
 from ibacm.fabric.capture import Direction, MadTrace, SaExchange, SaOutcome, TapFabric
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.acmp.provider import AcmpProvider
 from ibacm.provider.registry import ProviderEntry
 from ibacm.wire.mad import build_path_get
 from ibacm.wire.path_record import PathRecord
@@ -299,7 +299,7 @@ async def test_a_real_daemon_on_the_simulated_fabric(tmp_path: Path) -> None:
             options,
             tap,
             addr_file=str(tmp_path / "addr.cfg"),
-            providers=[ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider")],
+            providers=[ProviderEntry("ibacmp", AcmpProvider, "ibacm.provider.acmp.provider")],
             admin=False,
         )
         metrics = DaemonMetrics(daemon.snapshot)

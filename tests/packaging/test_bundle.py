@@ -129,7 +129,7 @@ def test_bundled_metadata_exposes_entry_points(built: tuple[Path, list[str]]) ->
     ours = dists["ibacm"]
     assert ours.version == metadata.version("ibacm")
     eps = {(ep.group, ep.name): ep.value for ep in ours.entry_points}
-    assert eps[("ibacm.providers", "ibacmp")] == "ibacm.acmp.provider:AcmpProvider"
+    assert eps[("ibacm.providers", "ibacmp")] == "ibacm.provider.acmp.provider:AcmpProvider"
     assert eps[("console_scripts", "ib_acme")] == "ibacm.tools.ib_acme:main"
     record = ours.files
     assert record is not None

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import trio
 
-from ibacm.acmp.endpoint import AcmpEndpoint
-from ibacm.acmp.provider import AcmpProvider
 from ibacm.config.options import Options, ProviderLine, ServerMode
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.hits import HitPath
+from ibacm.core.local_topology import AddressFile
+from ibacm.core.local_topology import Topology as CoreTopology
 from ibacm.core.model import iter_endpoints
 from ibacm.core.services import DaemonServices
-from ibacm.core.topology import AddressFile
-from ibacm.core.topology import Topology as CoreTopology
 from ibacm.fabric.api import IpAddress
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
+from ibacm.provider.acmp.endpoint import AcmpEndpoint
+from ibacm.provider.acmp.provider import AcmpProvider
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import ProviderEntry, ProviderSet
 from ibacm.tools.sim import addr_text
@@ -42,7 +42,7 @@ from ibacm.wire.client import (
     EpFlag,
 )
 
-ACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.acmp.provider:AcmpProvider")
+ACMP = ProviderEntry("ibacmp", AcmpProvider, "ibacm.provider.acmp.provider:AcmpProvider")
 SOAK = os.environ.get("IBACM_SOAK") == "1"
 
 

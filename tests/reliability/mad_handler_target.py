@@ -42,11 +42,11 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from ibacm.acmp import routes
-from ibacm.acmp.cache import GID, NAME, EntryState, cache_key
-from ibacm.acmp.endpoint import AcmpEndpoint
 from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad, SaTimeout
+from ibacm.provider.acmp import routes
+from ibacm.provider.acmp.cache import GID, NAME, EntryState, cache_key
+from ibacm.provider.acmp.endpoint import AcmpEndpoint
 from ibacm.provider.api import CorePort
 from ibacm.wire.acm_mad import acm_request, acm_response
 from ibacm.wire.mad import (
@@ -62,7 +62,7 @@ from ibacm.wire.mad import (
     sa_status_word,
 )
 from ibacm.wire.path_record import PathRecord
-from tests.acmp.harness import cluster
+from tests.provider.acmp.harness import cluster
 
 MAD_SIZE = 256
 START_TIMEOUT = 60.0

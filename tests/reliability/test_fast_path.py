@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.acmp.provider import AcmpProvider
+from ibacm.provider.acmp.provider import AcmpProvider
 from ibacm.provider.route_table import RouteTable
 from ibacm.wire.client import (
     AcmHdr,

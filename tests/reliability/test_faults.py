@@ -5,7 +5,8 @@ the fault is going on. The property checked for every single request: it is answ
 within the phase budgets, ``timeout x (retries + 1)`` for the ACM address phase plus
 ``sa_timeout x (sa_retries + 1)`` for the route phase. Once the fault is over, everything
 resolves again. The individual mechanisms (BUSY backoff, rejoin on reregister, route drop on
-SM change...) have their own tests in tests/acmp; this suite is about the promise to clients.
+SM change...) have their own tests in tests/provider/acmp; this suite is about the promise to
+clients.
 """
 
 from __future__ import annotations

@@ -172,12 +172,12 @@ def test_log_records_and_level_filter() -> None:
         {
             "event": "resolved",
             "level": "warning",
-            "logger": "ibacm.acmp",
+            "logger": "ibacm.provider.acmp",
             "timestamp": "2026-01-02T03:04:05.678",
             "dest": "node2",
         }
     )
-    assert record.text == "03:04:05.678 WARNING ibacm.acmp: resolved dest=node2"
+    assert record.text == "03:04:05.678 WARNING ibacm.provider.acmp: resolved dest=node2"
     # The daemon's stamps carry their UTC offset (ISO 8601); the line shows the time of day.
     offset = log_record({"event": "x", "timestamp": "2026-01-02T03:04:05.678912+05:30"})
     assert offset.text == "03:04:05.678 INFO    x"

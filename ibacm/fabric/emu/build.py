@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ibacm.cbuild import CBuildError
-from ibacm.cbuild import ensure_library as _ensure
+from ibacm.compiled.clib import CBuildError
+from ibacm.compiled.clib import ensure_library as _ensure
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "libibacm_emu.c", HERE / "emu_protocol.h")

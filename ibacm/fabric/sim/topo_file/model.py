@@ -4,7 +4,7 @@ A ``Topology`` is plain data: hosts with HCAs and ports (GUID, LID, width/speed/
 table, IPoIB addresses), switches, links and where the SM runs. ``validate`` checks it whole;
 ``to_json``/``from_json`` carry it between processes (the hub writes it to DIR/topology.json
 for ``ibacm-sim status``). Builders: ``generate.py`` (clusters), ``ibnetdiscover.py`` (files).
-(Not to be confused with the daemon's view of its local ports, ``ibacm.core.topology``.)
+(Not to be confused with the daemon's view of its local ports, ``ibacm.core.local_topology``.)
 """
 
 from __future__ import annotations
