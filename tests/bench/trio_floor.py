@@ -10,10 +10,11 @@ work per request; what separates them from the C responder is the interpreter an
   front end): one epoll loop in a worker thread started by ``trio.to_thread.run_sync``; the
   listener is in the same epoll set; connections are accepted in the loop's own round by
   ``accept4`` (non-blocking descriptors, no socket objects) until the backlog is empty, each
-  read and answered at once and only then registered (a one-shot client's request is there
-  before it is accepted); each readable connection is read once per round and answered at
-  once; a closed one is closed without unregistering; the trio side cancels the loop through
-  a wake-up pipe in the set, and the thread never outlives its nursery.
+  read at once and only then registered (a one-shot client's request is there before it is
+  accepted); each readable connection is read once per round; the round's replies are
+  written at its end, one write per connection; a closed connection is closed without
+  unregistering; the trio side cancels the loop through a wake-up pipe in the set, and the
+  thread never outlives its nursery.
 * ``task`` (the trio-task loop): one trio task reads every connection (an epoll set waited on
   through ``wait_readable``), one non-blocking ``os.read`` per readable connection per round,
   replies written at the end of the round; a second task accepts.
@@ -124,33 +125,40 @@ class ThreadLoop:
     def run(self) -> None:
         """Serve until the wake-up fd is readable (the trio side is being cancelled)."""
         listen_fd = self.listener.fileno()
+        out: list[tuple[int, bytes]] = []
         try:
             while True:
                 for fd, _ in self.epoll.poll():
                     if fd == self.wake_fd:
                         return
                     if fd == listen_fd:
-                        self._accept(listen_fd)
+                        self._accept(listen_fd, out)
                         continue
                     if fd in self.buffers:
-                        self._serve(fd)
+                        self._serve(fd, out)
+                for fd, answer in out:
+                    try:
+                        os.write(fd, answer)
+                    except OSError:
+                        self._drop(fd)
+                out.clear()
         finally:
             for fd in self.buffers:
                 os.close(fd)
             self.buffers.clear()
             self.epoll.close()
 
-    def _accept(self, listen_fd: int) -> None:
+    def _accept(self, listen_fd: int, out: list[tuple[int, bytes]]) -> None:
         while True:
             fd = _accept4(listen_fd, None, None, _ACCEPT_FLAGS)
             if fd < 0:
                 return  # the backlog is empty (or out of fds: the connect stays pending)
             self.buffers[fd] = bytearray()
-            if self._serve(fd):  # its request is there already: answered, then watched
+            if self._serve(fd, out):  # its request is there already: answered, then watched
                 self.epoll.register(fd, select.EPOLLIN)
 
-    def _serve(self, fd: int) -> bool:
-        """Read once and answer; False when the connection was closed."""
+    def _serve(self, fd: int, out: list[tuple[int, bytes]]) -> bool:
+        """Read once, the answer into ``out``; False when the connection was closed."""
         try:
             data = os.read(fd, 4096)
         except BlockingIOError:
@@ -164,11 +172,7 @@ class ThreadLoop:
         buffer += data
         answer = replies(buffer)
         if answer:
-            try:
-                os.write(fd, answer)
-            except OSError:
-                self._drop(fd)
-                return False
+            out.append((fd, answer))
         return True
 
     def _drop(self, fd: int) -> None:
