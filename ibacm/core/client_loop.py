@@ -826,11 +826,10 @@ def _load_accept4() -> Callable[..., int]:
     """libc's ``accept4``: a client's descriptor, non-blocking and close-on-exec from the
     start, without the socket object (and its ``getsockname``) of ``socket.accept``; -1 with
     ``ctypes.get_errno()`` on failure. The listener is non-blocking: the call never waits,
-    so it keeps the GIL (``PyDLL``)."""
-    function = ctypes.PyDLL(None, use_errno=True).accept4
-    function.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
-    function.restype = ctypes.c_int
-    accept4: Callable[..., int] = function
+    so it keeps the GIL (``PyDLL``). No ``argtypes``: ctypes' own conversions (a Python int
+    to a C int, None to a null pointer) are what accept4 takes, without a ``from_param``
+    call per argument; the result is a C int by default."""
+    accept4: Callable[..., int] = ctypes.PyDLL(None, use_errno=True).accept4
     return accept4
 
 

@@ -103,10 +103,7 @@ class Floor:
                     self.drop(fd)
 
 
-_libc = ctypes.PyDLL(None, use_errno=True)
-_accept4 = _libc.accept4
-_accept4.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
-_accept4.restype = ctypes.c_int
+_accept4 = ctypes.PyDLL(None, use_errno=True).accept4  # as the client loop calls it
 _ACCEPT_FLAGS = socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
 
 
