@@ -137,6 +137,44 @@ async def test_another_user_over_its_limit_locks_nobody_out(shared_dir: Path) ->
 
 
 @pytest.mark.trio
+async def test_connections_let_in_before_the_bound_could_bite_count_toward_it(
+    shared_dir: Path,
+) -> None:
+    """The loop asks a peer's uid only once as many connections are open as one user may
+    hold: the ones let in before are asked then, and count toward their user's bound."""
+    options = make_options(shared_dir, max_clients=100, max_clients_per_user=5)
+    async with sim_daemon(shared_dir, options=options) as run:
+        clients = run.daemon.clients
+        async with connections_as(NOBODY, run.unix_socket, 3) as (first_report, first_release):
+            with trio.fail_after(10):
+                while clients.active < 3:
+                    await trio.sleep(0.01)
+            root = [await AcmClient.unix(run.unix_socket) for _ in range(10)]
+            with trio.fail_after(10):
+                while clients.active < 13:
+                    await trio.sleep(0.01)
+            async with connections_as(NOBODY, run.unix_socket, 4) as (report, release):
+                with trio.fail_after(10):
+                    while clients.stats.refused_user + clients.active < 17:
+                        await trio.sleep(0.01)
+                # nobody's first 3 were let in unasked; with them, 2 of the 4 fit.
+                assert (clients.stats.refused_user, clients.active) == (2, 15)
+                await release.send_all(b"x")
+                with trio.fail_after(10):
+                    closed = await report.receive_some(4)
+                assert int.from_bytes(closed, "big") == 2
+            await first_release.send_all(b"x")
+            with trio.fail_after(10):
+                closed = await first_report.receive_some(4)
+            assert int.from_bytes(closed, "big") == 0  # let in, and held
+            for client in root:
+                await client.aclose()
+        with trio.fail_after(10):
+            while clients.active:
+                await trio.sleep(0.01)
+
+
+@pytest.mark.trio
 async def test_the_total_limit_refuses_and_counts(tmp_path: Path) -> None:
     # Root is bounded by max_clients only (no per-user limit applies to it).
     options = make_options(tmp_path, max_clients=10, max_clients_per_user=2)
