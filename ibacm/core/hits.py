@@ -4,8 +4,8 @@ The common request (address form, SOURCE then DEST, as ``ib_acme`` and librdmacm
 goes from the source address to its endpoint's ``RouteTable`` (``DeviceList.route_tables``)
 and from the destination to its ``Hit``: two dict lookups and the reply's bytes, with no
 provider code, no decoding into objects and no trio on the way. Everything else (another
-shape, a miss, an expired route) returns None and goes to the dispatcher on the trio side,
-which answers exactly as before, counters included.
+opcode byte than 0x01, another shape, a miss, an expired route) returns None and goes to the
+dispatcher on the trio side, which answers exactly as before, counters included.
 
 A request asked before is answered from a memo of its entries' bytes (``_Known``): the
 route table and hit it led to, valid while ``route_tables``, that table's ``routes`` and its
