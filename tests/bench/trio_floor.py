@@ -6,11 +6,15 @@ Both frame the stream by the 8-byte header prefix and answer each RESOLVE with a
 reply: no decoding, no cache, no counters. What separates ibacm from them is the daemon's own
 work per request; what separates them from the C responder is the interpreter and the loop.
 
-* ``thread`` (the default, "the no-work loop": the kind of the daemon's new client front end):
-  one epoll loop in a worker thread started by ``trio.to_thread.run_sync``; the listener is in
-  the same epoll set and a connection is accepted in the loop's own round; each readable
-  connection is read once per round and answered at once; the trio side cancels the loop
-  through a wake-up pipe in the set, and the thread never outlives its nursery.
+* ``thread`` (the default, "the no-work loop": the kind and the design of the daemon's client
+  front end): one epoll loop in a worker thread started by ``trio.to_thread.run_sync``; the
+  listener is in the same epoll set; connections are accepted in the loop's own round by
+  ``accept4`` (non-blocking descriptors, no socket objects) until the backlog is empty, each
+  read at once and only then registered (a one-shot client's request is there before it is
+  accepted); each readable connection is read once per round; the round's replies are
+  written at its end, one write per connection; a closed connection is closed without
+  unregistering; the trio side cancels the loop through a wake-up pipe in the set, and the
+  thread never outlives its nursery.
 * ``task`` (the trio-task loop): one trio task reads every connection (an epoll set waited on
   through ``wait_readable``), one non-blocking ``os.read`` per readable connection per round,
   replies written at the end of the round; a second task accepts.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import select
 import signal
@@ -98,64 +103,78 @@ class Floor:
                     self.drop(fd)
 
 
+_accept4 = ctypes.PyDLL(None, use_errno=True).accept4  # as the client loop calls it
+_ACCEPT_FLAGS = socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+
+
 class ThreadLoop:
-    """The no-work loop of the thread kind: everything in one epoll set, run by one thread."""
+    """The no-work loop of the thread kind: everything in one epoll set, run by one thread,
+    connections as descriptors (the daemon's client loop's design)."""
 
     def __init__(self, listener: socket.socket, wake_fd: int) -> None:
         self.listener = listener
         self.wake_fd = wake_fd
-        self.floor = Floor()  # the connections and their buffers; its epoll set is the loop's
-        self.floor.epoll.register(listener.fileno(), select.EPOLLIN)
-        self.floor.epoll.register(wake_fd, select.EPOLLIN)
+        self.epoll = select.epoll()
+        self.buffers: dict[int, bytearray] = {}
+        self.epoll.register(listener.fileno(), select.EPOLLIN)
+        self.epoll.register(wake_fd, select.EPOLLIN)
 
     def run(self) -> None:
         """Serve until the wake-up fd is readable (the trio side is being cancelled)."""
         listen_fd = self.listener.fileno()
-        conns = self.floor.conns
+        out: list[tuple[int, bytes]] = []
         try:
             while True:
-                for fd, _ in self.floor.epoll.poll():
+                for fd, _ in self.epoll.poll():
                     if fd == self.wake_fd:
                         return
                     if fd == listen_fd:
-                        self._accept()
+                        self._accept(listen_fd, out)
                         continue
-                    self._serve(fd, conns)
+                    if fd in self.buffers:
+                        self._serve(fd, out)
+                for fd, answer in out:
+                    try:
+                        os.write(fd, answer)
+                    except OSError:
+                        self._drop(fd)
+                out.clear()
         finally:
-            for fd in list(conns):
-                self.floor.drop(fd)
-            self.floor.epoll.close()
+            for fd in self.buffers:
+                os.close(fd)
+            self.buffers.clear()
+            self.epoll.close()
 
-    def _accept(self) -> None:
+    def _accept(self, listen_fd: int, out: list[tuple[int, bytes]]) -> None:
         while True:
-            try:
-                conn, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return  # out of fds and the like: the client's connect stays pending
-            self.floor.add(conn)
+            fd = _accept4(listen_fd, None, None, _ACCEPT_FLAGS)
+            if fd < 0:
+                return  # the backlog is empty (or out of fds: the connect stays pending)
+            self.buffers[fd] = bytearray()
+            if self._serve(fd, out):  # its request is there already: answered, then watched
+                self.epoll.register(fd, select.EPOLLIN)
 
-    def _serve(self, fd: int, conns: dict[int, tuple[socket.socket, bytearray]]) -> None:
-        if fd not in conns:
-            return
+    def _serve(self, fd: int, out: list[tuple[int, bytes]]) -> bool:
+        """Read once, the answer into ``out``; False when the connection was closed."""
         try:
             data = os.read(fd, 4096)
         except BlockingIOError:
-            return
+            return True
         except OSError:
             data = b""
         if not data:
-            self.floor.drop(fd)
-            return
-        buffer = conns[fd][1]
+            self._drop(fd)
+            return False
+        buffer = self.buffers[fd]
         buffer += data
         answer = replies(buffer)
         if answer:
-            try:
-                os.write(fd, answer)
-            except OSError:
-                self.floor.drop(fd)
+            out.append((fd, answer))
+        return True
+
+    def _drop(self, fd: int) -> None:
+        del self.buffers[fd]
+        os.close(fd)  # epoll forgets a closed descriptor by itself
 
 
 async def serve_in_thread(listener: socket.socket) -> None:

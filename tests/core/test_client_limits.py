@@ -116,6 +116,9 @@ async def test_another_user_over_its_limit_locks_nobody_out(shared_dir: Path) ->
             # A normal client, the real ib_acme, is served as usual...
             status, out = await run_ib_acme("-S", run.unix_socket, "-P")
             assert status == 0 and f"{run.unix_socket},0," in out, out
+            with trio.fail_after(10):  # the loop sees ib_acme's close in a round of its own
+                while clients.active > 20:
+                    await trio.sleep(0.01)
             # ... so is the admin socket, which shows what was refused.
             admin = await AdminClient.connect(run)
             reply = await admin.call(wire.Command.SNAPSHOT)
@@ -128,6 +131,44 @@ async def test_another_user_over_its_limit_locks_nobody_out(shared_dir: Path) ->
             with trio.fail_after(10):
                 closed = await report.receive_some(4)
             assert int.from_bytes(closed, "big") == 30
+        with trio.fail_after(10):
+            while clients.active:
+                await trio.sleep(0.01)
+
+
+@pytest.mark.trio
+async def test_connections_let_in_before_the_bound_could_bite_count_toward_it(
+    shared_dir: Path,
+) -> None:
+    """The loop asks a peer's uid only once as many connections are open as one user may
+    hold: the ones let in before are asked then, and count toward their user's bound."""
+    options = make_options(shared_dir, max_clients=100, max_clients_per_user=5)
+    async with sim_daemon(shared_dir, options=options) as run:
+        clients = run.daemon.clients
+        async with connections_as(NOBODY, run.unix_socket, 3) as (first_report, first_release):
+            with trio.fail_after(10):
+                while clients.active < 3:
+                    await trio.sleep(0.01)
+            root = [await AcmClient.unix(run.unix_socket) for _ in range(10)]
+            with trio.fail_after(10):
+                while clients.active < 13:
+                    await trio.sleep(0.01)
+            async with connections_as(NOBODY, run.unix_socket, 4) as (report, release):
+                with trio.fail_after(10):
+                    while clients.stats.refused_user + clients.active < 17:
+                        await trio.sleep(0.01)
+                # nobody's first 3 were let in unasked; with them, 2 of the 4 fit.
+                assert (clients.stats.refused_user, clients.active) == (2, 15)
+                await release.send_all(b"x")
+                with trio.fail_after(10):
+                    closed = await report.receive_some(4)
+                assert int.from_bytes(closed, "big") == 2
+            await first_release.send_all(b"x")
+            with trio.fail_after(10):
+                closed = await first_report.receive_some(4)
+            assert int.from_bytes(closed, "big") == 0  # let in, and held
+            for client in root:
+                await client.aclose()
         with trio.fail_after(10):
             while clients.active:
                 await trio.sleep(0.01)

@@ -28,6 +28,8 @@ import trio
 from ibacm.core.client_loop import ClientLimits, ClientLoop, Note, NoteKind
 from ibacm.core.hits import HitPath
 from ibacm.provider.acmp.provider import AcmpProvider
+from ibacm.wire.client import AcmHdr, AcmMessage, AcmOp, AcmStatus, EpAddr, EpFlag
+from tests.core.support import AcmClient
 from tests.reliability.live import live_cluster
 
 HITS = 1_000_000
@@ -161,3 +163,40 @@ async def _starve_and_recover(loop: ClientLoop, tmp_path: Path, notes: list[Note
     assert not loop.accept_resting
     assert any(note.kind is NoteKind.ACCEPT_FAILED for note in notes)
     client.close()
+
+
+@pytest.mark.trio
+async def test_only_a_resolve_is_a_hit_and_a_repeated_one_is_answered_from_the_memo(
+    tmp_path: Path,
+) -> None:
+    """The bytes of a cached RESOLVE under another opcode are not a hit: as a PERF_QUERY
+    (opcode 2, big-endian length) they get the counters, under opcode byte 0x81 the
+    connection is closed as for any undecodable request. A RESOLVE asked again is answered
+    from the loop's memo; after a flush it is not, and it is resolved anew."""
+    async with live_cluster(tmp_path, 2) as cluster:
+        node1 = cluster["node1"]
+        daemon = node1.daemon
+        provider = daemon.providers.get("ibacmp")
+        assert isinstance(provider, AcmpProvider)
+        entries = [EpAddr.from_name("node1", EpFlag.SOURCE), EpAddr.from_name("node2", EpFlag.DEST)]
+        request = AcmMessage(hdr=AcmHdr(opcode=AcmOp.RESOLVE), entries=entries).encode()
+        assert len(request) == 160
+        client = await AcmClient.unix(node1.socket_path)
+        assert AcmHdr.decode(await client.request(request)).status == AcmStatus.SUCCESS
+        hits = daemon.clients.hits
+        for _ in range(3):  # from the route table, then from the memo
+            reply = await client.request(request)
+            assert AcmHdr.decode(reply).status == AcmStatus.SUCCESS and len(reply) == 88
+        assert daemon.clients.hits == hits + 3
+        perf = bytes([1, 2, 0, 0, 0, 0, 0, 160]) + request[8:]
+        reply = await client.request(perf)
+        assert reply[1] == 0x82 and daemon.clients.hits == hits + 3
+        provider.flush(node1.endpoints()[0])  # the route goes: the memo must not answer
+        reply = await client.request(request)
+        assert AcmHdr.decode(reply).status == AcmStatus.SUCCESS
+        assert daemon.clients.hits == hits + 3  # resolved anew, not a hit
+        assert AcmHdr.decode(await client.request(request)).status == AcmStatus.SUCCESS
+        assert daemon.clients.hits == hits + 4
+        await client.send(bytes([1, 0x81, 0, 0, 0, 0, 0, 160]) + request[8:])
+        assert await client.closed_by_peer()
+        await client.aclose()
