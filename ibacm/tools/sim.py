@@ -41,7 +41,8 @@ import trio
 from ibacm import __version__
 from ibacm.config.errors import ConfigIssue
 from ibacm.config.hosts_file import parse_hosts_file
-from ibacm.config.options import ServerMode, parse_options
+from ibacm.config.option_file import parse_options
+from ibacm.config.option_values import ServerMode
 from ibacm.config.paths import STATE_DIR_ENV
 from ibacm.config.route_file import parse_route_file
 from ibacm.fabric.api import FabricError

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ibacm.config.admin_target import admin_target, default_admin_socket
-from ibacm.config.options import Options, parse_options
+from ibacm.config.option_file import parse_options
+from ibacm.config.options import Options
 from ibacm.tools import sim
 
 

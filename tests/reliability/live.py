@@ -16,7 +16,8 @@ from pathlib import Path
 
 import trio
 
-from ibacm.config.options import Options, ProviderLine, ServerMode
+from ibacm.config.option_values import ProviderLine, ServerMode
+from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.hits import HitPath

@@ -115,7 +115,7 @@ def test_each_node_gets_its_own_metrics_port(tmp_path: Path) -> None:
     """--opts with metrics_port N: node i gets N + i - 1 (one port cannot serve them all)."""
     import argparse
 
-    from ibacm.config.options import parse_options
+    from ibacm.config.option_file import parse_options
     from ibacm.tools.sim import Layout, _write_node_files
 
     layout = Layout(tmp_path)
