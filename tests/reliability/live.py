@@ -32,7 +32,7 @@ from ibacm.provider.acmp.endpoint import AcmpEndpoint
 from ibacm.provider.acmp.provider import AcmpProvider
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import ProviderEntry, ProviderSet
-from ibacm.tools.sim import addr_text
+from ibacm.tools.sim_node_files import addr_text
 from ibacm.wire.client import (
     MSG_MAX,
     AcmHdr,
