@@ -1,7 +1,8 @@
 """What one option of ``ibacm_opts.cfg`` is: its kind of value, who reads it, what a reload
 does with it and its help text, gathered in one ``OptionDef``.
 
-``option()`` attaches an ``OptionDef`` to a field of ``ibacm.config.options.Options``; the
+``option()`` attaches an ``OptionDef`` to a field of ``ibacm.config.options.Options`` (the C
+daemon's keys are the fields it inherits from ``ibacm.config.c_options.COptions``); the
 parser, the start-up summary, the generated option file (``ib_acme -O``), the daemon's reload
 groups and the documentation checks all read the definitions from there.
 

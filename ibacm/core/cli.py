@@ -22,7 +22,9 @@ import trio
 
 from ibacm import __version__
 from ibacm.config.errors import ConfigIssue, errors_in, invalid_settings
-from ibacm.config.options import Options, ServerMode, load_options
+from ibacm.config.option_file import load_options
+from ibacm.config.option_values import ServerMode
+from ibacm.config.options import Options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, DEFAULT_OPTS_FILE
 from ibacm.core.daemon import Daemon
 from ibacm.core.daemonize import Readiness, daemonize

@@ -37,14 +37,10 @@ from ibacm import __version__
 from ibacm.config.addr_file import AddrEntry, parse_addr_file
 from ibacm.config.address_literals import classify
 from ibacm.config.errors import ConfigError, ConfigIssue, errors_in, invalid_settings
+from ibacm.config.option_file import load_options
 from ibacm.config.option_kinds import Reload
-from ibacm.config.options import (
-    Options,
-    ProviderPrefer,
-    ServerMode,
-    load_options,
-    option_names,
-)
+from ibacm.config.option_values import ProviderPrefer, ServerMode
+from ibacm.config.options import Options, option_names
 from ibacm.config.paths import DEFAULT_ADDR_FILE, RunPaths
 from ibacm.core.admin import AdminSocketError, serve_admin
 from ibacm.core.client_loop import ClientLimits

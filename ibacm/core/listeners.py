@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-from ibacm.config.options import ServerMode
+from ibacm.config.option_values import ServerMode
 from ibacm.config.paths import TCP_PORT_FILE_NAME, UNIX_SOCKET_NAME, RunPaths
 from ibacm.log import get_logger
 

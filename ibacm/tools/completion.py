@@ -21,7 +21,7 @@ from pathlib import Path
 import shtab
 
 from ibacm.core import cli
-from ibacm.tools import acme_cli, admin_cli, sim
+from ibacm.tools import acme_cli, admin_cli, sim, sim_layout
 
 SHELLS = ("bash", "zsh")
 
@@ -65,7 +65,7 @@ _ibacm_complete_nodes() {{
   [[ -n $dir ]] || return 0
   [[ $dir == "~"* ]] && dir=$HOME${{dir#"~"}}
   [[ $3 == 1 ]] && dir=$(dirname -- "$dir")
-  for file in "$dir"/*/{sim.OPTS_FILE}; do
+  for file in "$dir"/*/{sim_layout.OPTS_FILE}; do
     [[ -e $file ]] || continue
     file=${{file%/*}}
     names+=("${{file##*/}}")
@@ -86,7 +86,7 @@ _ibacm_complete_nodes() {{
   [[ -n $dir ]] || return 1
   dir=${{dir/#\\~/$HOME}}
   [[ $2 == 1 ]] && dir=${{dir:h}}
-  nodes=( $dir/*/{sim.OPTS_FILE}(N:h:t) )
+  nodes=( $dir/*/{sim_layout.OPTS_FILE}(N:h:t) )
   compadd -a nodes
 }}"""
 _PREAMBLES = {"bash": _BASH_NODES, "zsh": _ZSH_NODES}

@@ -16,11 +16,13 @@ address and route lookup; creating RDMA resources on it fails. A node with an em
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ibacm.tools import sim_kinds
-from ibacm.tools.sim_ns import private_run_argv
+from ibacm.tools.sim_layout import Layout, SimToolError, read_pids, read_topology
+from ibacm.tools.sim_ns import NamespaceError, private_run_argv
 
 DEV_NODES = ("null", "zero", "urandom", "random", "tty")
 
@@ -81,3 +83,20 @@ def run_exec(argv: list[str], env: dict[str, str]) -> int:
     """Replace this process with the namespaced command (its exit status is ours)."""
     os.execvpe(argv[0], argv, env)
     return 127  # not reached
+
+
+def exec_on_node(layout: Layout, node: str, argv: Sequence[str]) -> int:
+    """``ibacm-sim exec``: run ``argv`` (after an optional ``--``) as if on ``node``."""
+    command = list(argv[1:] if argv[:1] == ["--"] else argv)
+    if not command:
+        raise SimToolError("exec needs a command: ibacm-sim exec --dir DIR NODE -- CMD ...")
+    host = read_topology(layout).host(node)
+    kind = sim_kinds.kinds_of(read_pids(layout)).get(node, sim_kinds.NodeKind.SIM.value)
+    try:
+        namespaced, env = exec_command(
+            layout.node_dir(node), kind, host.hcas[0].node_guid, command, dict(os.environ)
+        )
+    except (sim_kinds.KindError, NamespaceError) as exc:
+        raise SimToolError(str(exc)) from exc
+    sys.stdout.flush()
+    return run_exec(namespaced, env)

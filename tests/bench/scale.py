@@ -98,7 +98,7 @@ from ibacm.provider.acmp.cache import NO_GID, DestEntry
 from ibacm.provider.acmp.groups import joined_mgids
 from ibacm.provider.api import Counter as AcmCounter
 from ibacm.tools.admin_cli import AdminConnection
-from ibacm.tools.sim import addr_text
+from ibacm.tools.sim_node_files import addr_text
 from ibacm.wire.admin import Command
 from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AcmStatus, AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import ZERO_GID, PathRecord

@@ -61,7 +61,8 @@ import trio
 import trio.testing
 
 import ibacm
-from ibacm.config.options import Options, RouteProt
+from ibacm.config.option_values import RouteProt
+from ibacm.config.options import Options
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import HDR_LEN, AcmHdr, AcmOp, AddrType, EpAddr, EpFlag

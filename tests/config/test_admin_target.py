@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from ibacm.config.admin_target import admin_target, default_admin_socket
-from ibacm.config.options import Options, parse_options
-from ibacm.tools import sim
+from ibacm.config.option_file import parse_options
+from ibacm.config.options import Options
+from ibacm.tools.sim_layout import Layout
+from ibacm.tools.sim_node_files import opts_text
 
 
 def test_admin_path_is_taken_as_given() -> None:
@@ -25,8 +27,8 @@ def test_default_is_where_a_daemon_with_default_options_listens() -> None:
 def test_a_sim_node_is_where_ibacm_sim_has_its_daemon_listen(tmp_path: Path) -> None:
     (tmp_path / "node2").mkdir()
     # The options ibacm-sim up writes for node2's daemon, read as that daemon reads them.
-    text = sim.opts_text(
-        sim.Layout(tmp_path), "node2", argparse.Namespace(log_level=0, route_prot=None), ""
+    text = opts_text(
+        Layout(tmp_path), "node2", argparse.Namespace(log_level=0, route_prot=None), ""
     )
     options, issues = parse_options(text)
     assert issues == []

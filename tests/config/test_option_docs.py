@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from ibacm.config.option_file import parse_options
 from ibacm.config.option_kinds import (
     CFlag,
     Coded,
@@ -21,7 +22,7 @@ from ibacm.config.option_kinds import (
     Reload,
     Timeout,
 )
-from ibacm.config.options import OPTIONS, Options, parse_options
+from ibacm.config.options import OPTIONS, Options
 from ibacm.config.opts_template import render_opts_file
 from tests.conftest import SPEC, require_file
 from tests.packaging.test_man import plain, render, source

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ibacm.config.options import parse_options
+from ibacm.config.option_file import parse_options
 from ibacm.config.opts_template import render_opts_file
 from tests.conftest import require_peer
 

@@ -7,19 +7,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ibacm.config.ctext import c_lower
-from ibacm.config.options import (
+from ibacm.config.option_file import parse_options
+from ibacm.config.option_values import (
     MTU_ENUM,
     RATE_ENUM,
     AddrPreload,
     LogFormat,
     LoopbackProt,
-    Options,
     ProviderLine,
     RoutePreload,
     RouteProt,
     ServerMode,
-    parse_options,
 )
+from ibacm.config.options import Options
 from ibacm.config.opts_template import render_opts_file
 
 # ib_acme.md §7.2, placeholders expanded to the distribution paths.

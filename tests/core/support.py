@@ -12,7 +12,8 @@ from typing import Any
 
 import trio
 
-from ibacm.config.options import Options, ProviderLine, ServerMode
+from ibacm.config.option_values import ProviderLine, ServerMode
+from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.local_topology import AddressFile

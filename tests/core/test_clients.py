@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.config.options import ServerMode
+from ibacm.config.option_values import ServerMode
 from ibacm.core.listeners import ListenerError
 from ibacm.provider.api import Counters
 from ibacm.wire.client import (

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 import ibacm
-from ibacm.config.options import ServerMode
+from ibacm.config.option_values import ServerMode
 from ibacm.wire import admin as wire
 from ibacm.wire.client import AddrType
 from ibacm.wire.counters import Counter

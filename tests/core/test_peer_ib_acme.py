@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.config.options import Options, ServerMode
+from ibacm.config.option_values import ServerMode
+from ibacm.config.options import Options
 from tests.conftest import missing, require, require_peer
 from tests.core.support import cluster
 

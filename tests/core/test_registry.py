@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ibacm.config.options import Options, ProviderLine, parse_options
+from ibacm.config.option_file import parse_options
+from ibacm.config.option_values import ProviderLine
+from ibacm.config.options import Options
 from ibacm.core.daemon import provider_choice
 from ibacm.core.services import DaemonServices
 from ibacm.fabric.sim.topo_file import generate

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from ibacm.config.addr_file import parse_addr_file
 from ibacm.config.hosts_file import parse_hosts_file
-from ibacm.config.options import parse_options
+from ibacm.config.option_file import parse_options
 from ibacm.config.opts_template import render_opts_file
 from ibacm.config.route_file import parse_route_file
 from ibacm.core.dispatch import Dispatcher

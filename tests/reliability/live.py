@@ -16,7 +16,8 @@ from pathlib import Path
 
 import trio
 
-from ibacm.config.options import Options, ProviderLine, ServerMode
+from ibacm.config.option_values import ProviderLine, ServerMode
+from ibacm.config.options import Options
 from ibacm.core.daemon import Daemon
 from ibacm.core.dispatch import Dispatcher
 from ibacm.core.hits import HitPath
@@ -31,7 +32,7 @@ from ibacm.provider.acmp.endpoint import AcmpEndpoint
 from ibacm.provider.acmp.provider import AcmpProvider
 from ibacm.provider.api import Counters
 from ibacm.provider.registry import ProviderEntry, ProviderSet
-from ibacm.tools.sim import addr_text
+from ibacm.tools.sim_node_files import addr_text
 from ibacm.wire.client import (
     MSG_MAX,
     AcmHdr,

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from ibacm.config.addr_file import parse_addr_file
 from ibacm.config.errors import ConfigError
 from ibacm.config.hosts_file import parse_hosts_file
-from ibacm.config.options import KNOWN_KEYS, parse_options
+from ibacm.config.option_file import parse_options
+from ibacm.config.options import KNOWN_KEYS
 from ibacm.config.opts_template import render_opts_file
 from ibacm.config.route_file import parse_route_file
 from ibacm.provider.acmp.cache import CacheKeyError, cache_key, key_address, key_type

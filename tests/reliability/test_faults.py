@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio.testing
 
-from ibacm.config.options import RouteProt
+from ibacm.config.option_values import RouteProt
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.client import AcmStatus

@@ -111,27 +111,6 @@ def test_down_stops_c_and_hw_nodes_and_their_devices(tmp_path: Path) -> None:
     assert not errors, errors
 
 
-def test_each_node_gets_its_own_metrics_port(tmp_path: Path) -> None:
-    """--opts with metrics_port N: node i gets N + i - 1 (one port cannot serve them all)."""
-    import argparse
-
-    from ibacm.config.options import parse_options
-    from ibacm.tools.sim import Layout, _write_node_files
-
-    layout = Layout(tmp_path)
-    topology = generate(3)
-    args = argparse.Namespace(log_level=1, route_prot=None)
-    ports = []
-    for node in topology.host_names:
-        layout.node_dir(node).mkdir()
-        _write_node_files(layout, topology, node, NodeKind.SIM, args, "metrics_port 9400\n")
-        text = (layout.node_dir(node) / "ibacm_opts.cfg").read_text()
-        options, issues = parse_options(text)
-        assert [issue for issue in issues if issue.severity == "error"] == []
-        ports.append(options.metrics_port)
-    assert ports == [9400, 9401, 9402]
-
-
 def test_down_also_stops_a_daemon_restarted_by_hand(tmp_path: Path) -> None:
     root = tmp_path / "c"
     command = [sys.executable, "-m", "ibacm.tools.sim"]

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ibacm.config.options import LoopbackProt
+from ibacm.config.option_values import LoopbackProt
 from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, UdQp
 from ibacm.log import get_logger
 from ibacm.provider.acmp.cache import (

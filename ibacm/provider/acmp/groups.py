@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ibacm.config.options import RouteProt
+from ibacm.config.option_values import RouteProt
 from ibacm.fabric.api import ACM_QKEY, AddressVector, FabricError
 from ibacm.log import get_logger
 from ibacm.wire.acm_mad import MAX_GIDS_IN_MAD, mgid_for

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ibacm.config.hosts_file import HostEntry, parse_hosts_file
-from ibacm.config.options import AddrPreload, RoutePreload
+from ibacm.config.option_values import AddrPreload, RoutePreload
 from ibacm.config.route_file import RouteDump, parse_route_file
 from ibacm.log import get_logger
 from ibacm.provider.acmp.cache import CacheKeyError, EntryState, cache_key, gid_key, lid_key

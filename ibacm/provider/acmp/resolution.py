@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from ibacm.config.options import RouteProt
+from ibacm.config.option_values import RouteProt
 from ibacm.log import get_logger
 from ibacm.provider.acmp.cache import (
     GID,

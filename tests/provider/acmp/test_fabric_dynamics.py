@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ibacm.config.options import Options, RouteProt
+from ibacm.config.option_values import RouteProt
+from ibacm.config.options import Options
 from ibacm.fabric.api import AddressVector, UdQp
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.provider.acmp.cache import EntryState, cache_key

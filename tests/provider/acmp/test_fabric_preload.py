@@ -12,7 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from ibacm.config.options import AddrPreload, Options, RoutePreload
+from ibacm.config.option_values import AddrPreload, RoutePreload
+from ibacm.config.options import Options
 from ibacm.provider.acmp.cache import EntryState, cache_key
 from ibacm.provider.api import Counter
 from ibacm.wire.client import AcmStatus, AddrType

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ibacm.config.options import Options, RouteProt
+from ibacm.config.option_values import RouteProt
+from ibacm.config.options import Options
 from ibacm.provider.acmp.cache import EntryState, PendingQuery, cache_key
 from ibacm.provider.acmp.endpoint import AcmpEndpoint
 from ibacm.provider.api import Counter
@@ -207,7 +208,7 @@ async def test_local_addresses_resolve_from_loopback_entries(autojump_clock: obj
 
 
 async def test_loopback_none_resolves_itself_through_the_fabric(autojump_clock: object) -> None:
-    from ibacm.config.options import LoopbackProt
+    from ibacm.config.option_values import LoopbackProt
 
     async with cluster(2, options(loopback_prot=LoopbackProt.NONE)) as c:
         result = await c["node1"].resolve(ipv4(c.world, "node1"), name("node1"))

@@ -7,7 +7,8 @@ import random
 import pytest
 import trio
 
-from ibacm.config.options import Options, RouteProt
+from ibacm.config.option_values import RouteProt
+from ibacm.config.options import Options
 from ibacm.fabric.api import SaTimeout
 from ibacm.provider.acmp.groups import (
     GroupSpec,

@@ -11,7 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from ibacm.config.options import Options, RouteProt
+from ibacm.config.option_values import RouteProt
+from ibacm.config.options import Options
 from ibacm.provider.acmp.cache import IP, EntryState, cache_key
 from ibacm.provider.acmp.resolution import CLOSED, NOT_READY, Answer
 from ibacm.provider.acmp.routes import SaOutcome

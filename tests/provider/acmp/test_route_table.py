@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.config.options import AddrPreload, Options, RoutePreload, RouteProt
+from ibacm.config.option_values import AddrPreload, RoutePreload, RouteProt
+from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad
 from ibacm.provider.acmp.cache import (
     IP,
