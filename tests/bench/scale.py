@@ -94,7 +94,7 @@ from ibacm.fabric.api import AddressVector, ReceivedMad
 from ibacm.fabric.sim.hub import serve_hub
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.acmp.cache import NO_GID, DestEntry
+from ibacm.provider.acmp.entry import NO_GID, DestEntry
 from ibacm.provider.acmp.groups import joined_mgids
 from ibacm.provider.api import Counter as AcmCounter
 from ibacm.tools.admin_cli import AdminConnection

@@ -45,8 +45,9 @@ import trio.testing
 from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad, SaTimeout
 from ibacm.provider.acmp import routes
-from ibacm.provider.acmp.cache import GID, NAME, EntryState, cache_key
 from ibacm.provider.acmp.endpoint import AcmpEndpoint
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import GID, NAME, cache_key
 from ibacm.provider.api import CorePort
 from ibacm.wire.acm_mad import acm_request, acm_response
 from ibacm.wire.mad import (

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.provider.acmp.cache import EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.wire.client import AddrType
 from tests.reliability import live_mad_fuzz
 from tests.reliability.errors import logged_errors

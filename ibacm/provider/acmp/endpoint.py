@@ -37,23 +37,9 @@ import trio
 from ibacm.config.options import LoopbackProt
 from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, UdQp
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import (
-    GID,
-    IP,
-    IP6,
-    LID,
-    NAME,
-    CacheKey,
-    CacheKeyError,
-    DestCache,
-    DestEntry,
-    EntryState,
-    KeyText,
-    PendingQuery,
-    cache_key,
-    key_address,
-)
+from ibacm.provider.acmp.cache import DestCache
 from ibacm.provider.acmp.counters import EndpointCounters
+from ibacm.provider.acmp.entry import DestEntry, EntryState, PendingQuery
 from ibacm.provider.acmp.groups import (
     McGroup,
     build_join,
@@ -61,6 +47,18 @@ from ibacm.provider.acmp.groups import (
     joined_mgids,
     parse_join_reply,
     plan_groups,
+)
+from ibacm.provider.acmp.keys import (
+    GID,
+    IP,
+    IP6,
+    LID,
+    NAME,
+    CacheKey,
+    CacheKeyError,
+    KeyText,
+    cache_key,
+    key_address,
 )
 from ibacm.provider.acmp.protocol import (
     Action,

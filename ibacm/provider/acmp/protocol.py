@@ -33,20 +33,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from ibacm.fabric.api import AddressVector  # at run time: a compiled dataclass's field type
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import (
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.entry import DestEntry, EntryState, PendingQuery
+from ibacm.provider.acmp.groups import McGroup, select_group
+from ibacm.provider.acmp.keys import (
     GID,
     LID,
     CacheKeyError,
-    DestCache,
-    DestEntry,
-    EntryState,
     KeyText,
-    PendingQuery,
     cache_key,
     key_address,
     key_type,
 )
-from ibacm.provider.acmp.groups import McGroup, select_group
 from ibacm.provider.acmp.routes import av_from_path, av_to_peer
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus

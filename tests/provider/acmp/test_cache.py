@@ -9,16 +9,15 @@ import trio
 
 from ibacm.compiled import is_compiled
 from ibacm.provider.acmp import cache as cache_module
-from ibacm.provider.acmp.cache import (
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.entry import EntryState, Operation
+from ibacm.provider.acmp.keys import (
     GID,
     IP,
     IP6,
     LID,
     NAME,
     CacheKeyError,
-    DestCache,
-    EntryState,
-    Operation,
     cache_key,
     describe_key,
     key_address,

@@ -13,7 +13,8 @@ import trio
 import trio.testing
 
 from ibacm.config.options import AddrPreload, Options, RoutePreload
-from ibacm.provider.acmp.cache import EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.provider.api import Counter
 from ibacm.wire.client import AcmStatus, AddrType
 from ibacm.wire.path_record import PathRecord

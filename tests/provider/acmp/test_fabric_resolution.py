@@ -7,8 +7,9 @@ import pytest
 import trio
 
 from ibacm.config.options import Options, RouteProt
-from ibacm.provider.acmp.cache import EntryState, PendingQuery, cache_key
 from ibacm.provider.acmp.endpoint import AcmpEndpoint
+from ibacm.provider.acmp.entry import EntryState, PendingQuery
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.provider.api import Counter
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import PathRecord
