@@ -259,7 +259,7 @@ def daemon_state(node: CoreNode, seen: set[int]) -> int:
     roots: list[object] = []
     for endpoint in node.endpoints():
         roots += attribute_values(endpoint.cache)
-        roots += [endpoint.bulk_by_gid, endpoint.bulk_by_lid]
+        roots += [endpoint.bulk.by_gid, endpoint.bulk.by_lid]
     return state_bytes(roots, seen)
 
 

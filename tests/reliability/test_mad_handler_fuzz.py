@@ -91,7 +91,7 @@ def test_sa_answers_reach_the_route_phase(rig: HandlerRig) -> None:
         # node1's paths to the stranger, node2 and node3 went into the bulk table, and were
         # dropped after the input.
         assert (counts.tables, counts.bulk_paths) == (2, 3)
-        assert not endpoint.bulk_by_gid and len(endpoint.cache) < 10
+        assert not endpoint.bulk.by_gid and len(endpoint.cache) < 10
         rng = random.Random(11)
         for _ in range(300):
             data = bytearray(rng.choice(seeds))

@@ -308,3 +308,44 @@ class DestCache:
         if later:
             self._schedule.schedule(entry, min(later))
         return changed
+
+    # -- fabric changes -------------------------------------------------------------------
+
+    def invalidate_routes(self) -> int:
+        """Every learned route back to ADDR_RESOLVED (an SM change): the next use re-queries
+        it. Entries without a route query (the route file's) and busy ones keep theirs.
+        Returns how many entries changed."""
+        count = 0
+        with self.batch():
+            for entry in self.learned():
+                if (
+                    entry.state is EntryState.READY
+                    and entry.route_dest() is not None
+                    and not entry.busy
+                ):
+                    self.set_state(entry, EntryState.ADDR_RESOLVED)
+                    count += 1
+        return count
+
+    def forget_gid(self, gid: bytes) -> int:
+        """The SM says ``gid`` is out of service: drop the entries whose address or route is
+        that GID, except what a resolution is working on. An entry with a configured address
+        (a query: hosts file, path request) keeps it and loses its route. Returns how many
+        entries went."""
+        count = 0
+        with self.batch():
+            for entry in self.learned():
+                if entry.busy:
+                    continue
+                route = entry.path if entry.state is EntryState.READY else None
+                if entry.route_gid() != gid and (route is None or route.dgid != gid):
+                    continue
+                if entry.query is not None:
+                    if entry.state is not EntryState.READY:
+                        continue
+                    # The next use asks the SA again.
+                    self.set_state(entry, EntryState.ADDR_RESOLVED)
+                else:
+                    self.remove(entry.key)
+                count += 1
+        return count

@@ -27,8 +27,8 @@ from ibacm.config.paths import state_dir
 from ibacm.fabric.api import PortEventType
 from ibacm.log import get_logger
 from ibacm.provider.acmp.cache import DestCache
-from ibacm.provider.acmp.counters import EndpointCounters
-from ibacm.provider.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort, EndpointStats
+from ibacm.provider.acmp.counters import EndpointCounters, EndpointStats
+from ibacm.provider.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort
 from ibacm.provider.acmp.entry import EntryState
 from ibacm.provider.acmp.events import SmEvents
 from ibacm.provider.acmp.keys import CacheKeyError, cache_key
