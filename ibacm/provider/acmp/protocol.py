@@ -6,9 +6,9 @@ addresses, the joined groups, the requests we have outstanding) and returns what
 done, as h11's ``Connection`` returns events: answer a peer (``SendResponse``), wake the
 resolution waiting for news of a peer (``Complete``), see to a learned peer's route
 (``RouteWanted``), a peer moved (``PeerMoved``), count something (``Count``). The endpoint's
-traffic applies them in order, in the receive loop's round (``EndpointTraffic.apply``). What a MAD teaches about its sender is
-written into the cache here (the cache is the protocol's state); nothing here sends, spawns,
-sleeps or reads a clock.
+traffic applies them in order, in the receive loop's round (``EndpointTraffic.apply``). What
+a MAD teaches about its sender is written into the cache here (the cache is the protocol's
+state); nothing here sends, spawns, sleeps or reads a clock.
 
 Every receiver caches the requester (ARP-like); the target answers with the group it chose.
 Hardening beyond C, invisible to C peers:
