@@ -49,17 +49,25 @@ MODULES = (
     "ibacm.core.hits",
     "ibacm.core.clients",
     "ibacm.core.dispatch",
+    "ibacm.provider.acmp.keys",
+    "ibacm.provider.acmp.entry",
+    "ibacm.provider.acmp.deadlines",
+    "ibacm.provider.acmp.eviction",
+    "ibacm.provider.acmp.publication",
     "ibacm.provider.acmp.cache",
     "ibacm.provider.acmp.counters",
     "ibacm.provider.acmp.protocol",
     "ibacm.provider.acmp.resolution",
+    "ibacm.provider.acmp.bulk",
+    "ibacm.provider.acmp.traffic",
     "ibacm.provider.acmp.endpoint",
     "ibacm.provider.acmp.groups",
     "ibacm.log",
 )
 """Compiled together (one mypyc group): the client protocol, the dispatcher, the provider's
-endpoint (its receive loop), cache, groups, MAD handler and resolutions, and the log gate
-they all ask."""
+endpoint (its receive loop: ``traffic``), cache (with its keys, entries, deadlines, eviction
+and published route table), bulk routes, groups, MAD handler and resolutions, and the log
+gate they all ask."""
 GROUP = "ibacm_compiled"
 """mypyc's group name: the shared library is the top-level module ``GROUP + "__mypyc"``."""
 EXTENSIONS = (*MODULES, GROUP + "__mypyc")

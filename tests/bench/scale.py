@@ -94,7 +94,7 @@ from ibacm.fabric.api import AddressVector, ReceivedMad
 from ibacm.fabric.sim.hub import serve_hub
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.acmp.cache import NO_GID, DestEntry
+from ibacm.provider.acmp.entry import NO_GID, DestEntry
 from ibacm.provider.acmp.groups import joined_mgids
 from ibacm.provider.api import Counter as AcmCounter
 from ibacm.tools.admin_cli import AdminConnection
@@ -259,7 +259,7 @@ def daemon_state(node: CoreNode, seen: set[int]) -> int:
     roots: list[object] = []
     for endpoint in node.endpoints():
         roots += attribute_values(endpoint.cache)
-        roots += [endpoint.bulk_by_gid, endpoint.bulk_by_lid]
+        roots += [endpoint.bulk.by_gid, endpoint.bulk.by_lid]
     return state_bytes(roots, seen)
 
 

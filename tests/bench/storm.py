@@ -146,7 +146,7 @@ async def wait_ready(nodes: list[CoreNode], bulk: bool) -> None:
         while True:
             endpoints = [ep for node in nodes for ep in node.endpoints()]
             ready = len(endpoints) >= len(nodes) and all(ep.ready for ep in endpoints)
-            if ready and (not bulk or all(ep.bulk_by_gid for ep in endpoints)):
+            if ready and (not bulk or all(ep.bulk.by_gid for ep in endpoints)):
                 return
             await trio.sleep(0.05)
 

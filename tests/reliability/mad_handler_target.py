@@ -14,7 +14,7 @@ acmp test harness), handed to the code that receives it in the daemon:
   transport as the reply; ``check_path_reply``, the record decoding, the route phase, the
   cache entry going READY or failing, and the answer to the stranger all run on it. With
   method GetTable(Resp) (0x12/0x92) it answers a bulk route GetTable instead
-  (``SaPaths.get_table`` then ``AcmpEndpoint.load_bulk``). A TID of 0 in the input stands
+  (``SaPaths.get_table`` then ``BulkRoutes.load``). A TID of 0 in the input stands
   for the TID asked (so mutations get past the TID check); any other TID is kept.
 
 The world runs on trio in a thread of its own; every input is handled, and every task it
@@ -45,8 +45,9 @@ import trio.testing
 from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad, SaTimeout
 from ibacm.provider.acmp import routes
-from ibacm.provider.acmp.cache import GID, NAME, EntryState, cache_key
 from ibacm.provider.acmp.endpoint import AcmpEndpoint
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import GID, NAME, cache_key
 from ibacm.provider.api import CorePort
 from ibacm.wire.acm_mad import acm_request, acm_response
 from ibacm.wire.mad import (
@@ -282,12 +283,12 @@ class HandlerRig:
         outcome, records = await port.sa.get_table(PathRecord(sgid=port.gid, pkey=ep.pkey))
         if outcome.status == 0:
             self.sa.tables += 1
-            ep.load_bulk(records)
+            ep.bulk.load(records, ep.gid)
             now = trio.current_time()
             self.sa.bulk_paths += sum(
                 ep.bulk_route(record.dgid, record.dlid, now) is not None for record in records
             )
-        ep.bulk_by_gid, ep.bulk_by_lid = {}, {}  # next inputs see the SA again
+        ep.bulk.by_gid, ep.bulk.by_lid = {}, {}  # next inputs see the SA again
         await trio.testing.wait_all_tasks_blocked()
 
 

@@ -24,7 +24,7 @@ from ibacm.config.option_file import parse_options
 from ibacm.config.options import KNOWN_KEYS
 from ibacm.config.opts_template import render_opts_file
 from ibacm.config.route_file import parse_route_file
-from ibacm.provider.acmp.cache import CacheKeyError, cache_key, key_address, key_type
+from ibacm.provider.acmp.keys import CacheKeyError, cache_key, key_address, key_type
 from ibacm.wire.errors import WireError
 from tests.reliability.errors import logged_errors
 from tests.reliability.live import blocking_request, live_cluster, resolve_frame, soak

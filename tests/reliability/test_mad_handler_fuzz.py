@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibacm.provider.acmp.cache import EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.wire.client import AddrType
 from tests.reliability import live_mad_fuzz
 from tests.reliability.errors import logged_errors
@@ -90,7 +91,7 @@ def test_sa_answers_reach_the_route_phase(rig: HandlerRig) -> None:
         # node1's paths to the stranger, node2 and node3 went into the bulk table, and were
         # dropped after the input.
         assert (counts.tables, counts.bulk_paths) == (2, 3)
-        assert not endpoint.bulk_by_gid and len(endpoint.cache) < 10
+        assert not endpoint.bulk.by_gid and len(endpoint.cache) < 10
         rng = random.Random(11)
         for _ in range(300):
             data = bytearray(rng.choice(seeds))

@@ -1,14 +1,16 @@
-"""Per-port and per-endpoint state of ibacmp, and the endpoint's background tasks.
+"""An endpoint of ibacmp (port, partition): its lifecycle, its multicast joins, its local
+addresses, and what its peer protocol and resolver see of it; and the port it is on.
 
-An endpoint (port, partition) owns a UD QP, its multicast groups, its destination cache and
-counters. Its tasks run in a nursery of their own inside the port's nursery: the receive loop,
-``send_depth`` response senders, the cache expiry task, one join task per group and, when
-enabled, the bulk route preload. Closing the endpoint cancels exactly these; the resolutions in
-progress then end their parked requests with ENODATA (``DOWN_STATUS``).
+An endpoint owns a UD QP, its multicast groups, its destination cache (``cache``), its
+counters and statistics (``counters``). Its tasks run in a nursery of their own inside the
+port's nursery: the QP's receive loop and ``send_depth`` response senders (``traffic``), the
+cache expiry task, one join task per group and, when enabled, the bulk route preload
+(``bulk``). Closing the endpoint cancels exactly these; the resolutions in progress then end
+their parked requests with ENODATA (``DOWN_STATUS``).
 
-The endpoint is what its peer protocol (``PeerView``) and its resolver (``ResolverHost``) see
-of it: the receive loop hands each MAD to ``PeerProtocol.receive`` and applies the actions it
-returns (``apply``) in the same round; neither module imports this one.
+The endpoint is the host of its peer protocol (``PeerView``) and of its resolver
+(``ResolverHost``); neither module imports this one. Its traffic hands each MAD received to
+``PeerProtocol.receive`` and applies the actions it returns in the same round.
 
 Unlike C (defect 24), a closed endpoint is really closed; when the core opens it again the
 provider creates a new QP, joins again and preloads again. What it learned (the cache) is kept
@@ -28,8 +30,6 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
-import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -37,23 +37,10 @@ import trio
 from ibacm.config.option_values import LoopbackProt
 from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, UdQp
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import (
-    GID,
-    IP,
-    IP6,
-    LID,
-    NAME,
-    CacheKey,
-    CacheKeyError,
-    DestCache,
-    DestEntry,
-    EntryState,
-    KeyText,
-    PendingQuery,
-    cache_key,
-    key_address,
-)
-from ibacm.provider.acmp.counters import EndpointCounters
+from ibacm.provider.acmp.bulk import BulkRoutes
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.counters import EndpointCounters, EndpointStats
+from ibacm.provider.acmp.entry import DestEntry, EntryState, PendingQuery
 from ibacm.provider.acmp.groups import (
     McGroup,
     build_join,
@@ -62,24 +49,21 @@ from ibacm.provider.acmp.groups import (
     parse_join_reply,
     plan_groups,
 )
-from ibacm.provider.acmp.protocol import (
-    Action,
-    Complete,
-    Count,
-    PeerMoved,
-    PeerProtocol,
-    RouteWanted,
-    SendResponse,
-    peer_av,
+from ibacm.provider.acmp.keys import (
+    GID,
+    IP,
+    IP6,
+    LID,
+    NAME,
+    CacheKey,
+    CacheKeyError,
+    cache_key,
+    key_address,
 )
+from ibacm.provider.acmp.protocol import PeerProtocol, peer_av
 from ibacm.provider.acmp.resolution import NOT_READY, Resolver
-from ibacm.provider.acmp.routes import (
-    BULK_COMP_MASK,
-    SaOutcome,
-    SaPaths,
-    av_from_path,
-    loopback_path,
-)
+from ibacm.provider.acmp.routes import SaOutcome, SaPaths, av_from_path, loopback_path
+from ibacm.provider.acmp.traffic import EndpointTraffic, ResolveCredits
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.path_record import PathRecord
@@ -98,8 +82,6 @@ what a not-ready endpoint answers, and what ``ib_acme -c`` style clients retry o
 
 EXPIRY_PERIOD = 60.0
 """Lifetimes are whole minutes; the expiry task looks at least this often."""
-RECEIVE_BATCH = 256
-"""MADs taken from the QP per call: a job start's burst costs one call per batch."""
 RECENT_FAILURES = 32
 """Failed resolutions an endpoint remembers for the admin snapshot (``recent_failures``)."""
 
@@ -176,97 +158,6 @@ class AcmpAddress:
         self.key = key
 
 
-_STATS = (
-    "announcements",
-    "bad_mads",
-    "credit_overdrafts",
-    "join_attempts",
-    "peer_moves",
-    "requests_received",
-    "responses_dropped",
-    "responses_received",
-    "responses_sent",
-    "send_errors",
-    "unmatched_responses",
-)
-
-
-class EndpointStats:
-    """Things worth knowing that are not among the seven ACM counters."""
-
-    __slots__ = _STATS
-
-    def __init__(self) -> None:
-        self.bad_mads = 0
-        self.requests_received = 0
-        self.responses_received = 0
-        self.unmatched_responses = 0
-        self.responses_sent = 0
-        self.responses_dropped = 0
-        self.send_errors = 0
-        self.join_attempts = 0
-        self.credit_overdrafts = 0
-        """ACM requests sent without a resolve_depth credit (see ``ResolveCredits``)."""
-        self.peer_moves = 0
-        """Peers seen at a new LID, whose other cached routes were dropped."""
-        self.announcements = 0
-        """Gratuitous requests sent for our own addresses (see the module docstring)."""
-
-    def as_dict(self) -> dict[str, int]:
-        # The names from the module: a compiled class has no ``__slots__`` to read.
-        return {name: getattr(self, name) for name in _STATS}
-
-    def add(self, name: str) -> None:
-        """One more of ``name`` (the peer protocol's ``Count``)."""
-        setattr(self, name, getattr(self, name) + 1)
-
-
-class ResolveCredits:
-    """The ``resolve_depth`` credits of an endpoint (behavior.md §13), with a bounded wait.
-
-    As in C, a credit is held from the first transmission of an ACM request until its answer
-    or its last timeout, and waiters are served first come, first served. Unlike C (defect
-    42), a resolution waits for a credit at most ``max_wait()`` seconds and then sends without
-    one: the address phase is bounded by ``timeout x (retries + 1)`` credit wait included, so
-    a queue behind one unanswered request (a lost MAD, a dead peer) would otherwise spend the
-    waiters' budgets before they transmit at all, and they would end ETIMEDOUT having tried
-    once or never. While answers come back within that wait (microseconds on a healthy
-    fabric), nobody gives up waiting and the limit paces requests exactly as C's does.
-    """
-
-    def __init__(self, total: int, max_wait: Callable[[], float], stats: EndpointStats) -> None:
-        self._credits = trio.Semaphore(total)
-        self._holders: set[trio.lowlevel.Task] = set()
-        self._max_wait = max_wait
-        self._stats = stats
-
-    async def __aenter__(self) -> None:
-        task = trio.lowlevel.current_task()
-        try:
-            # A free credit is taken without a trip through the scheduler (``acquire``
-            # yields even then): the first resolution's MAD goes out a round sooner.
-            self._credits.acquire_nowait()
-        except trio.WouldBlock:
-            pass
-        else:
-            self._holders.add(task)
-            return
-        with trio.move_on_after(self._max_wait()):
-            await self._credits.acquire()
-            self._holders.add(task)
-            return
-        self._stats.credit_overdrafts += 1
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        task = trio.lowlevel.current_task()
-        if task in self._holders:
-            self._holders.discard(task)
-            self._credits.release()
-
-
-ResponseItem = tuple[bytes, AddressVector, int]
-
-
 class AcmpEndpoint:
     """One endpoint of the provider (see the module docstring)."""
 
@@ -290,7 +181,6 @@ class AcmpEndpoint:
         self.state = EndpointState.INIT
         self.ready = False
         """``state`` is READY (a plain attribute: every MAD received reads it)."""
-        self.qp: UdQp | None = None
         self.groups = [
             McGroup(index, spec, self.pkey)
             for index, spec in enumerate(plan_groups(self.options, port.rate, port.mtu))
@@ -303,12 +193,7 @@ class AcmpEndpoint:
         self.resolve_credits = ResolveCredits(
             max(1, self.options.resolve_depth), self._credit_wait, self.stats
         )
-        depth = max(64, self.options.recv_depth)
-        self._responses_in, self._responses_out = trio.open_memory_channel[ResponseItem](depth)
-        self.bulk_by_gid: dict[bytes, PathRecord] = {}
-        self.bulk_by_lid: dict[int, PathRecord] = {}
-        self.bulk_loaded_at = -math.inf
-        self._bulk_refresh = trio.Event()
+        self.bulk = BulkRoutes(self.name, self.pkey, self.options)
         self.scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery | None = None
         self._join_scope: trio.CancelScope | None = None
@@ -320,6 +205,13 @@ class AcmpEndpoint:
         """(trio time, destination, status, reason) of the last failed resolutions."""
         self.resolver = Resolver(self)
         self.protocol = PeerProtocol(self)
+        self.traffic = EndpointTraffic(
+            self.protocol,
+            self.resolver,
+            self.stats,
+            self.group0,
+            max(64, self.options.recv_depth),
+        )
         cache.listener = self._cache_changed
 
     def apply_options(self, options: Options) -> None:
@@ -334,6 +226,7 @@ class AcmpEndpoint:
         # Read for every entry learned: copied there, renewed only by a reload.
         self.resolver.reload(options)
         self.protocol.reload(options)
+        self.bulk.reload(options)
 
     @property
     def addr_lifetime(self) -> float:
@@ -354,8 +247,14 @@ class AcmpEndpoint:
         return self.groups[0]
 
     @property
+    def qp(self) -> UdQp | None:
+        """The endpoint's UD QP while it is open (kept by its traffic)."""
+        return self.traffic.qp
+
+    @property
     def qpn(self) -> int:
-        return self.qp.qpn if self.qp is not None else 0
+        qp = self.traffic.qp
+        return qp.qpn if qp is not None else 0
 
     @property
     def lid(self) -> int:
@@ -402,7 +301,7 @@ class AcmpEndpoint:
         """Create the QP and start the endpoint's tasks in the port's nursery."""
         attrs = self.port.core_port.attrs
         pkey_index = attrs.pkeys.index(self.pkey) if self.pkey in attrs.pkeys else 0
-        self.qp = await self.port.core_port.port.open_ud(
+        self.traffic.qp = await self.port.core_port.port.open_ud(
             pkey_index, recv_depth=max(1, self.options.recv_depth)
         )
         try:
@@ -417,13 +316,13 @@ class AcmpEndpoint:
             try:
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
-                    nursery.start_soon(self._receive_loop)
+                    nursery.start_soon(self.traffic.receive_loop)
                     for _ in range(max(1, self.options.send_depth)):
-                        nursery.start_soon(self._response_sender)
+                        nursery.start_soon(self.traffic.response_sender)
                     nursery.start_soon(self._expiry_loop)
                     self.start_joins()
                     if self.options.route_bulk_preload:
-                        nursery.start_soon(self._bulk_preload)
+                        nursery.start_soon(self.bulk.keep_loaded, self.port.sa, self._own_gid)
                     task_status.started()
             finally:
                 self.nursery = None
@@ -449,7 +348,8 @@ class AcmpEndpoint:
         await self._close_qp()
 
     async def _close_qp(self) -> None:
-        qp, self.qp = self.qp, None
+        traffic = self.traffic
+        qp, traffic.qp = traffic.qp, None
         if qp is not None:
             with trio.CancelScope(shield=True):
                 try:
@@ -634,58 +534,15 @@ class AcmpEndpoint:
         if entry is not None and entry.op is not None:
             entry.op.finish(AcmStatus.ENODATA)
 
-    # -- background tasks -----------------------------------------------------------------
-
-    async def _receive_loop(self) -> None:
-        qp = self.qp
-        assert qp is not None
-        while True:
-            try:
-                batch = await qp.receive_many(RECEIVE_BATCH)
-            except (trio.ClosedResourceError, trio.EndOfChannel):
-                return
-            except FabricError as exc:
-                # A receive completion error costs one buffer, not the endpoint (defect 46).
-                self.stats.send_errors += 1
-                log.debug("receive error", error=str(exc))
-                continue
-            # One clock reading per batch: its MADs share the lifetimes' deadline floats.
-            now = trio.current_time()
-            for received in batch:
-                self.receive_mad(received, now)
+    # -- traffic, the SA, background tasks ------------------------------------------------
 
     def receive_mad(self, received: ReceivedMad, now: float | None = None) -> None:
         """One MAD as the receive loop takes it (``now``: the trio clock by default)."""
-        if now is None:
-            now = trio.current_time()
-        for action in self.protocol.receive(received, now):
-            self.apply(action, now)
-
-    def apply(self, action: Action, now: float) -> None:
-        """Do what the peer protocol decided (``protocol.Action``), in the round it did."""
-        if isinstance(action, Count):
-            self.stats.add(action.tally)
-        elif isinstance(action, SendResponse):
-            self.queue_response(action.mad, action.av, action.qpn)
-        elif isinstance(action, Complete):
-            action.query.complete(action.status, action.reason)
-        elif isinstance(action, RouteWanted):
-            self.resolver.peer_asked(action.entry, action.tid, now)
-        else:
-            self._peer_moved(action)
-
-    def _peer_moved(self, moved: PeerMoved) -> None:
-        self.stats.peer_moves += 1
-        log.info(
-            "peer LID changed; its other cached routes dropped",
-            peer=KeyText(moved.entry.key),
-            lid=moved.lid,
-            dropped=moved.dropped,
-        )
+        self.traffic.receive_mad(received, trio.current_time() if now is None else now)
 
     def respond(self, entry: DestEntry, tid: int, status: int) -> None:
         """Answer a peer's request ``tid`` for our address (``PeerProtocol.response``)."""
-        self.apply(self.protocol.response(entry, tid, status), math.nan)
+        self.traffic.respond(entry, tid, status)
 
     @property
     def can_ask(self) -> bool:
@@ -693,43 +550,11 @@ class AcmpEndpoint:
         return group0.joined and group0.av is not None and self.qp is not None
 
     async def send_request(self, mad: bytes) -> bool:
-        """Multicast an ACM request on group 0; a failed send is counted (the retries go
-        on); False once the QP is closed."""
-        qp, av = self.qp, self.group0.av
-        if qp is None:
-            return False
-        if av is None:
-            # Group 0 is being joined again: this transmission is lost, as on a fabric.
-            self.stats.send_errors += 1
-            return True
-        try:
-            await qp.send(mad, av, MULTICAST_QPN)
-        except FabricError as exc:
-            self.stats.send_errors += 1
-            log.debug("request send failed", error=str(exc))
-        return True
+        """Multicast an ACM request on group 0 (``EndpointTraffic.send_request``)."""
+        return await self.traffic.send_request(mad)
 
     async def sa_get(self, query: PathRecord) -> SaOutcome:
         return await self.port.sa.get(query)
-
-    def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
-        try:
-            self._responses_in.send_nowait((mad, av, qpn))
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            self.stats.responses_dropped += 1
-
-    async def _response_sender(self) -> None:
-        """One of ``send_depth`` senders: at most that many responses in flight."""
-        async for mad, av, qpn in self._responses_out:
-            qp = self.qp
-            if qp is None:
-                return
-            try:
-                await qp.send(mad, av, qpn)
-                self.stats.responses_sent += 1
-            except FabricError as exc:
-                self.stats.send_errors += 1
-                log.debug("response send failed", error=str(exc))
 
     async def _expiry_loop(self) -> None:
         while True:
@@ -738,43 +563,8 @@ class AcmpEndpoint:
             wake = min(self.cache.next_deadline(), now + EXPIRY_PERIOD)
             await trio.sleep_until(max(wake, now))
 
-    async def _bulk_preload(self) -> None:
-        """route_bulk_preload: a GetTable of every path from our GID in our partition, taken
-        again when the routes it gave expire or the SM changed; retried with the join
-        backoff while the SA does not answer (per-pair queries work meanwhile)."""
-        port = self.port
-        delay = self.options.join_retry_initial_ms / 1000.0
-        while True:
-            self._bulk_refresh = trio.Event()
-            query = PathRecord(sgid=port.gid, pkey=self.pkey)
-            outcome, records = await port.sa.get_table(query, BULK_COMP_MASK)
-            if outcome.status != AcmStatus.SUCCESS:
-                log.info(
-                    "bulk route preload failed",
-                    status=outcome.status,
-                    reason=outcome.reason,
-                    retry_in=delay,
-                )
-                await trio.sleep(delay)
-                delay = min(delay * 2, self.options.join_retry_max_ms / 1000.0)
-                continue
-            delay = self.options.join_retry_initial_ms / 1000.0
-            self.load_bulk(records)
-            with trio.move_on_after(self.route_lifetime):
-                await self._bulk_refresh.wait()
-
-    def load_bulk(self, records: list[PathRecord]) -> None:
-        by_gid: dict[bytes, PathRecord] = {}
-        by_lid: dict[int, PathRecord] = {}
-        own_gid = self.port.gid
-        for record in records:
-            if record.sgid != own_gid or not record.dlid:
-                continue  # not a path from us: useless as a route of ours
-            by_gid.setdefault(record.dgid, record)
-            by_lid.setdefault(record.dlid, record)
-        self.bulk_by_gid, self.bulk_by_lid = by_gid, by_lid
-        self.bulk_loaded_at = trio.current_time()
-        log.info("bulk route preload", endpoint=self.name, paths=len(by_gid))
+    def _own_gid(self) -> bytes:
+        return self.port.gid
 
     def peer_av(self, entry: DestEntry) -> AddressVector | None:
         """The unicast address vector to an entry's peer (``protocol.peer_av``)."""
@@ -782,59 +572,20 @@ class AcmpEndpoint:
         return peer_av(entry, self.joined, port.sgid_index, port.lid_mask)
 
     def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None:
-        """A route from the bulk table, while it is younger than the route lifetime."""
-        if not self.bulk_by_gid:
-            return None
-        if now - self.bulk_loaded_at >= self.route_lifetime:
-            return None
-        if any(dgid):
-            return self.bulk_by_gid.get(dgid)
-        return self.bulk_by_lid.get(dlid) if dlid else None
+        """A route from the bulk table (``BulkRoutes.route``)."""
+        return self.bulk.route(dgid, dlid, now)
 
     def invalidate_routes(self) -> int:
-        """Forget every learned route (SM change): the next use re-queries it."""
-        self.bulk_by_gid, self.bulk_by_lid = {}, {}
-        self._bulk_refresh.set()
-        count = 0
-        cache = self.cache
-        with cache.batch():
-            for entry in cache.learned():
-                # Entries without a query came from the route file: keep them.
-                if (
-                    entry.state is EntryState.READY
-                    and entry.route_dest() is not None
-                    and not entry.busy
-                ):
-                    cache.set_state(entry, EntryState.ADDR_RESOLVED)
-                    count += 1
-        return count
+        """Forget every learned route, the bulk table's too (SM change): the next use
+        re-queries it (``DestCache.invalidate_routes``)."""
+        self.bulk.clear()
+        return self.cache.invalidate_routes()
 
     def forget_gid(self, gid: bytes) -> int:
-        """The SM says ``gid`` is out of service: drop what leads to it (its bulk route, the
-        entries whose address or route is that GID), except what a resolution is working on.
-        An entry with a configured address (a query: hosts file, path request) keeps it and
-        loses its route. Returns how many entries went."""
-        path = self.bulk_by_gid.pop(gid, None)
-        if path is not None:
-            self.bulk_by_lid.pop(path.dlid, None)
-        count = 0
-        cache = self.cache
-        with cache.batch():
-            for entry in cache.learned():
-                if entry.busy:
-                    continue
-                route = entry.path if entry.state is EntryState.READY else None
-                if entry.route_gid() != gid and (route is None or route.dgid != gid):
-                    continue
-                if entry.query is not None:
-                    if entry.state is not EntryState.READY:
-                        continue
-                    # The next use asks the SA again.
-                    cache.set_state(entry, EntryState.ADDR_RESOLVED)
-                else:
-                    cache.remove(entry.key)
-                count += 1
-        return count
+        """The SM says ``gid`` is out of service: drop what leads to it, in the bulk table
+        and in the cache (``DestCache.forget_gid``)."""
+        self.bulk.forget_gid(gid)
+        return self.cache.forget_gid(gid)
 
     # -- observability --------------------------------------------------------------------
 
@@ -856,7 +607,7 @@ class AcmpEndpoint:
                 {"dest": dest, "status": status, "reason": reason, "age": round(now - at, 3)}
                 for at, dest, status, reason in self.failures
             ],
-            "bulk_routes": len(self.bulk_by_gid),
+            "bulk_routes": len(self.bulk.by_gid),
             "counters": self.counters.snapshot(),
             "stats": self.stats.as_dict(),
         }

@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import (
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.entry import DestEntry, EntryState
+from ibacm.provider.acmp.keys import (
     ADDRESS_LEN,
     CacheKey,
     CacheKeyError,
-    DestCache,
-    DestEntry,
-    EntryState,
     cache_key,
     key_address,
     key_type,

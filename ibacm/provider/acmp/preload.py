@@ -18,7 +18,8 @@ from ibacm.config.hosts_file import HostEntry, parse_hosts_file
 from ibacm.config.option_values import AddrPreload, RoutePreload
 from ibacm.config.route_file import RouteDump, parse_route_file
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import CacheKeyError, EntryState, cache_key, gid_key, lid_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import CacheKeyError, cache_key, gid_key, lid_key
 from ibacm.provider.acmp.routes import av_from_path
 from ibacm.wire.path_record import PathRecord
 

@@ -5,10 +5,10 @@ from) and the time, reads what it needs to decide through ``PeerView`` (the cach
 addresses, the joined groups, the requests we have outstanding) and returns what is to be
 done, as h11's ``Connection`` returns events: answer a peer (``SendResponse``), wake the
 resolution waiting for news of a peer (``Complete``), see to a learned peer's route
-(``RouteWanted``), a peer moved (``PeerMoved``), count something (``Count``). The endpoint
-applies them in order, in the receive loop's round. What a MAD teaches about its sender is
-written into the cache here (the cache is the protocol's state); nothing here sends, spawns,
-sleeps or reads a clock.
+(``RouteWanted``), a peer moved (``PeerMoved``), count something (``Count``). The endpoint's
+traffic applies them in order, in the receive loop's round (``EndpointTraffic.apply``). What
+a MAD teaches about its sender is written into the cache here (the cache is the protocol's
+state); nothing here sends, spawns, sleeps or reads a clock.
 
 Every receiver caches the requester (ARP-like); the target answers with the group it chose.
 Hardening beyond C, invisible to C peers:
@@ -33,20 +33,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from ibacm.fabric.api import AddressVector  # at run time: a compiled dataclass's field type
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import (
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.entry import DestEntry, EntryState, PendingQuery
+from ibacm.provider.acmp.groups import McGroup, select_group
+from ibacm.provider.acmp.keys import (
     GID,
     LID,
     CacheKeyError,
-    DestCache,
-    DestEntry,
-    EntryState,
     KeyText,
-    PendingQuery,
     cache_key,
     key_address,
     key_type,
 )
-from ibacm.provider.acmp.groups import McGroup, select_group
 from ibacm.provider.acmp.routes import av_from_path, av_to_peer
 from ibacm.wire.acm_mad import ACM_METHOD_RESOLVE, AcmMad, acm_response
 from ibacm.wire.client import AcmStatus

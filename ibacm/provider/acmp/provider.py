@@ -26,10 +26,12 @@ from ibacm.config.options import Options
 from ibacm.config.paths import state_dir
 from ibacm.fabric.api import PortEventType
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import CacheKeyError, DestCache, EntryState, cache_key
-from ibacm.provider.acmp.counters import EndpointCounters
-from ibacm.provider.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort, EndpointStats
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.counters import EndpointCounters, EndpointStats
+from ibacm.provider.acmp.endpoint import AcmpAddress, AcmpEndpoint, AcmpPort
+from ibacm.provider.acmp.entry import EntryState
 from ibacm.provider.acmp.events import SmEvents
+from ibacm.provider.acmp.keys import CacheKeyError, cache_key
 from ibacm.provider.acmp.persistence import (
     CacheFileError,
     CacheStore,

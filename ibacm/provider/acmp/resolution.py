@@ -40,23 +40,20 @@ import trio
 
 from ibacm.config.option_values import RouteProt
 from ibacm.log import get_logger
-from ibacm.provider.acmp.cache import (
+from ibacm.provider.acmp.entry import DestEntry, EntryState, Operation, PendingQuery
+from ibacm.provider.acmp.groups import McGroup, joined_mgids
+from ibacm.provider.acmp.keys import (
     GID,
     LID,
     CacheKey,
     CacheKeyError,
-    DestEntry,
-    EntryState,
     KeyText,
-    Operation,
-    PendingQuery,
     cache_key,
     gid_key,
     key_address,
     key_type,
     lid_key,
 )
-from ibacm.provider.acmp.groups import McGroup, joined_mgids
 from ibacm.provider.acmp.routes import SaOutcome, path_from_group, path_query, sa_phase_budget
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request

@@ -18,17 +18,11 @@ import trio
 
 from ibacm.config.options import Options
 from ibacm.fabric.api import AddressVector, ReceivedMad
-from ibacm.provider.acmp.cache import (
-    IP,
-    CacheKey,
-    CacheKeyError,
-    DestCache,
-    DestEntry,
-    PendingQuery,
-    cache_key,
-)
+from ibacm.provider.acmp.cache import DestCache
 from ibacm.provider.acmp.counters import EndpointCounters
+from ibacm.provider.acmp.entry import DestEntry, PendingQuery
 from ibacm.provider.acmp.groups import GroupSpec, McGroup
+from ibacm.provider.acmp.keys import IP, CacheKey, CacheKeyError, cache_key
 from ibacm.provider.acmp.protocol import (
     Action,
     Complete,

@@ -1,67 +1,20 @@
-"""The destination cache: canonical keys, its bound, lifetimes, operations."""
+"""The destination cache: its bound, lifetimes and deadlines, through ``DestCache``."""
 
 from __future__ import annotations
 
 import math
 
-import pytest
-import trio
-
 from ibacm.compiled import is_compiled
 from ibacm.provider.acmp import cache as cache_module
-from ibacm.provider.acmp.cache import (
-    GID,
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.entry import EntryState, Operation
+from ibacm.provider.acmp.keys import (
     IP,
-    IP6,
-    LID,
-    NAME,
-    CacheKeyError,
-    DestCache,
-    EntryState,
-    Operation,
     cache_key,
-    describe_key,
-    key_address,
-    key_type,
-    lid_key,
 )
 from ibacm.wire.path_record import PathRecord
 
 ROUTE = PathRecord(dlid=7, sl=1)
-
-
-def test_name_keys_ignore_case_and_trailing_bytes() -> None:
-    a = cache_key(NAME, b"Node10")
-    b = cache_key(NAME, b"NODE10\0junk-after-the-terminator".ljust(64, b"\0"))
-    assert a == b
-    assert (key_type(a), key_address(a)) == (NAME, b"node10")
-
-
-def test_keys_keep_only_significant_bytes() -> None:
-    ip = bytes([10, 0, 0, 1])
-    assert cache_key(IP, ip + b"\x99" * 60) == cache_key(IP, ip)
-    assert cache_key(LID, b"\x00\x05") == lid_key(5)
-    # Each type's significant bytes, zero-filled to that size, never to the wire's 64.
-    assert key_address(cache_key(GID, bytes(16))) == bytes(16)
-    assert cache_key(IP, bytes([10])) == cache_key(IP, bytes([10, 0, 0, 0]))
-    assert key_address(cache_key(IP, bytes([10]))) == bytes([10, 0, 0, 0])
-    assert key_address(cache_key(NAME, b"node1".ljust(64, b"\0"))) == b"node1"
-    # One type's key never equals another's, whatever the bytes.
-    assert cache_key(IP, bytes([10, 0, 0, 1])) != cache_key(NAME, bytes([10, 0, 0, 1]))
-    assert key_type(cache_key(IP6, bytes(16))) == IP6 and key_type(lid_key(5)) == LID
-
-
-@pytest.mark.parametrize(("kind", "address"), [(0, b"x"), (6, b"x"), (0x10, b"x"), (IP, bytes(65))])
-def test_bad_keys_are_refused(kind: int, address: bytes) -> None:
-    with pytest.raises(CacheKeyError):
-        cache_key(kind, address)
-
-
-def test_keys_describe_themselves() -> None:
-    assert describe_key(cache_key(IP, bytes([10, 1, 2, 3]))) == "10.1.2.3"
-    assert describe_key(lid_key(7)) == "lid 7"
-    assert describe_key(cache_key(NAME, b"node1")) == "node1"
-    assert describe_key(cache_key(GID, bytes.fromhex("fe80" + "00" * 14))) == "fe80::"
 
 
 def _key(i: int) -> bytes:
@@ -197,39 +150,3 @@ def test_lookups_expire_exactly_even_when_the_sweep_is_late() -> None:
     cache.make_ready(entry, 0.25, addr_lifetime=60.0, route_lifetime=math.inf, path=ROUTE)
     assert entry.addr_expiry == 60.25
     assert cache.next_deadline() == 61.0
-
-
-def test_a_peer_learned_through_acm_has_its_route_query_built_on_demand() -> None:
-    cache = DestCache()
-    entry = cache.acquire(_key(1))
-    assert entry.route_dest() is None and entry.route_query() is None
-    group_record = PathRecord(sgid=b"S" * 16, tclass=3, pkey=0xFFFF, sl=5, mtu=4)
-    entry.learned_from = group_record
-    entry.peer_gid = b"P" * 16
-    query = entry.route_query()
-    assert query == PathRecord(sgid=b"S" * 16, dgid=b"P" * 16, tclass=3, pkey=0xFFFF)
-    assert entry.route_query() is not query  # fresh: nothing stale leaks (defect 33)
-    assert entry.route_dest() == (b"P" * 16, 0)
-    explicit = PathRecord(dgid=b"H" * 16, dlid=7)
-    entry.query = explicit  # a hosts-file or path-form template wins
-    assert entry.route_query() is explicit and entry.route_dest() == (b"H" * 16, 7)
-    cache.forget(entry)
-    assert entry.route_query() is None and entry.av is None and not entry.route_av
-
-
-@pytest.mark.trio
-async def test_an_operation_ends_once_for_every_waiter() -> None:
-    op = Operation()
-    seen: list[int] = []
-
-    async def wait() -> None:
-        await op.done.wait()
-        seen.append(op.status)
-
-    async with trio.open_nursery() as nursery:
-        for _ in range(3):
-            nursery.start_soon(wait)
-        await trio.sleep(0)
-        assert op.finish(6) is True
-        assert op.finish(0) is False
-    assert seen == [6, 6, 6]

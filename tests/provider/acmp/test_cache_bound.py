@@ -11,7 +11,7 @@ import trio
 
 from ibacm.config.options import Options
 from ibacm.fabric.api import AddressVector
-from ibacm.provider.acmp.cache import DestEntry, EntryState
+from ibacm.provider.acmp.entry import DestEntry, EntryState
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AddrType
 from tests.provider.acmp.harness import cluster, ipv4

@@ -10,7 +10,8 @@ from ibacm.config.option_values import RouteProt
 from ibacm.config.options import Options
 from ibacm.fabric.api import AddressVector, UdQp
 from ibacm.fabric.sim.world import SimWorld
-from ibacm.provider.acmp.cache import EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.provider.api import Counter, ResolveResult
 from ibacm.wire.acm_mad import AcmMad, acm_request, acm_response
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr

@@ -14,7 +14,8 @@ import trio.testing
 
 from ibacm.config.option_values import AddrPreload, RoutePreload
 from ibacm.config.options import Options
-from ibacm.provider.acmp.cache import EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.provider.api import Counter
 from ibacm.wire.client import AcmStatus, AddrType
 from ibacm.wire.path_record import PathRecord
@@ -132,7 +133,7 @@ async def test_bulk_route_preload_replaces_per_pair_path_queries(
 ) -> None:
     async with cluster(5, options(route_bulk_preload=True)) as c:
         with trio.fail_after(30):
-            while not all(c.endpoint(n).bulk_by_gid for n in c.nodes):
+            while not all(c.endpoint(n).bulk.by_gid for n in c.nodes):
                 await trio.sleep(0.01)
         assert c.world.count(0x03, 0x12, 0x35) == 5  # one GetTable per endpoint
         for dst in ("node2", "node3", "node4", "node5"):
@@ -251,7 +252,7 @@ async def test_bulk_route_table_is_taken_again_after_an_sm_change(
         await trio.sleep(10)
         c.world.faults.sa_down = False  # joins and GetTables are retried with a backoff
         with trio.fail_after(60):
-            while not c.endpoint("node1").bulk_by_gid:
+            while not c.endpoint("node1").bulk.by_gid:
                 await trio.sleep(0.01)
         tables = c.world.count(0x03, 0x12, 0x35)
         c.world.move_sm("node2")

@@ -8,8 +8,9 @@ import trio
 
 from ibacm.config.option_values import RouteProt
 from ibacm.config.options import Options
-from ibacm.provider.acmp.cache import EntryState, PendingQuery, cache_key
 from ibacm.provider.acmp.endpoint import AcmpEndpoint
+from ibacm.provider.acmp.entry import EntryState, PendingQuery
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.provider.api import Counter
 from ibacm.wire.client import AcmStatus, AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import PathRecord

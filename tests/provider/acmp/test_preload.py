@@ -11,7 +11,8 @@ import structlog
 
 from ibacm.config.hosts_file import HostEntry
 from ibacm.config.route_file import parse_route_file
-from ibacm.provider.acmp.cache import EntryState, cache_key, lid_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import cache_key, lid_key
 from ibacm.provider.acmp.preload import preload_hosts, preload_routes
 from ibacm.wire.client import AddrType
 from tests.provider.acmp.harness import cluster, ipv4

@@ -11,17 +11,9 @@ import pytest
 
 from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad
-from ibacm.provider.acmp.cache import (
-    GID,
-    IP,
-    LID,
-    NAME,
-    DestEntry,
-    EntryState,
-    PendingQuery,
-    cache_key,
-)
-from ibacm.provider.acmp.endpoint import EndpointStats
+from ibacm.provider.acmp.counters import EndpointStats
+from ibacm.provider.acmp.entry import DestEntry, EntryState, PendingQuery
+from ibacm.provider.acmp.keys import GID, IP, LID, NAME, cache_key
 from ibacm.provider.acmp.protocol import (
     BAD_MAD,
     REQUEST_RECEIVED,

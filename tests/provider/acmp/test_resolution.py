@@ -13,7 +13,8 @@ import trio.testing
 
 from ibacm.config.option_values import RouteProt
 from ibacm.config.options import Options
-from ibacm.provider.acmp.cache import IP, EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
+from ibacm.provider.acmp.keys import IP, cache_key
 from ibacm.provider.acmp.resolution import CLOSED, NOT_READY, Answer
 from ibacm.provider.acmp.routes import SaOutcome
 from ibacm.provider.api import Counter

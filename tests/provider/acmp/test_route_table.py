@@ -20,19 +20,18 @@ import trio
 from ibacm.config.option_values import AddrPreload, RoutePreload, RouteProt
 from ibacm.config.options import Options
 from ibacm.fabric.api import ReceivedMad
-from ibacm.provider.acmp.cache import (
+from ibacm.provider.acmp.cache import DestCache
+from ibacm.provider.acmp.endpoint import AcmpEndpoint
+from ibacm.provider.acmp.entry import DestEntry, EntryState
+from ibacm.provider.acmp.keys import (
     IP,
     NAME,
-    DestCache,
-    DestEntry,
-    EntryState,
     cache_key,
     describe_key,
     key_address,
     key_type,
     table_key,
 )
-from ibacm.provider.acmp.endpoint import AcmpEndpoint
 from ibacm.provider.api import Counter
 from ibacm.provider.route_table import Hit, RouteTable
 from ibacm.wire.acm_mad import acm_request

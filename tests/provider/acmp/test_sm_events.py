@@ -14,8 +14,9 @@ import pytest
 import trio
 
 from ibacm.config.options import Options
-from ibacm.provider.acmp.cache import EntryState, cache_key
+from ibacm.provider.acmp.entry import EntryState
 from ibacm.provider.acmp.events import BACKOFF_MAX
+from ibacm.provider.acmp.keys import cache_key
 from ibacm.wire.client import AcmStatus, AddrType
 from ibacm.wire.mad import SaAttr
 from ibacm.wire.notice import Notice, Trap, build_report

@@ -1,0 +1,203 @@
+"""The traffic of an endpoint's QP: the MADs it receives, the responses and requests it sends.
+
+The receive loop takes MADs in batches (``RECEIVE_BATCH``), hands each to the endpoint's
+``PeerProtocol.receive`` and applies the actions it returns (``apply``) in the same round: a
+response to a peer goes into the response queue, drained by ``send_depth`` senders (at most
+that many in flight; a full queue drops the response, counted); news of a peer wakes the
+resolution waiting for it; a learned peer's route goes to the ``Resolver``. ACM requests are
+multicast on group 0 (``send_request``), paced by the ``resolve_depth`` credits
+(``ResolveCredits``) the resolver holds while one is out.
+
+The endpoint opens and closes the QP (``qp``) and runs these loops in its nursery; the calls
+here are native ones between compiled classes (the protocol, the resolver, the statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, UdQp
+from ibacm.log import get_logger
+from ibacm.provider.acmp.counters import EndpointStats
+from ibacm.provider.acmp.entry import DestEntry
+from ibacm.provider.acmp.groups import McGroup
+from ibacm.provider.acmp.keys import KeyText
+from ibacm.provider.acmp.protocol import (
+    Action,
+    Complete,
+    Count,
+    PeerMoved,
+    PeerProtocol,
+    RouteWanted,
+    SendResponse,
+)
+from ibacm.provider.acmp.resolution import Resolver
+
+if TYPE_CHECKING:
+    from ibacm.fabric.api import ReceivedMad
+
+log = get_logger("ibacm.provider.acmp")
+
+RECEIVE_BATCH = 256
+"""MADs taken from the QP per call: a job start's burst costs one call per batch."""
+
+
+class ResolveCredits:
+    """The ``resolve_depth`` credits of an endpoint (behavior.md §13), with a bounded wait.
+
+    As in C, a credit is held from the first transmission of an ACM request until its answer
+    or its last timeout, and waiters are served first come, first served. Unlike C (defect
+    42), a resolution waits for a credit at most ``max_wait()`` seconds and then sends without
+    one: the address phase is bounded by ``timeout x (retries + 1)`` credit wait included, so
+    a queue behind one unanswered request (a lost MAD, a dead peer) would otherwise spend the
+    waiters' budgets before they transmit at all, and they would end ETIMEDOUT having tried
+    once or never. While answers come back within that wait (microseconds on a healthy
+    fabric), nobody gives up waiting and the limit paces requests exactly as C's does.
+    """
+
+    def __init__(self, total: int, max_wait: Callable[[], float], stats: EndpointStats) -> None:
+        self._credits = trio.Semaphore(total)
+        self._holders: set[trio.lowlevel.Task] = set()
+        self._max_wait = max_wait
+        self._stats = stats
+
+    async def __aenter__(self) -> None:
+        task = trio.lowlevel.current_task()
+        try:
+            # A free credit is taken without a trip through the scheduler (``acquire``
+            # yields even then): the first resolution's MAD goes out a round sooner.
+            self._credits.acquire_nowait()
+        except trio.WouldBlock:
+            pass
+        else:
+            self._holders.add(task)
+            return
+        with trio.move_on_after(self._max_wait()):
+            await self._credits.acquire()
+            self._holders.add(task)
+            return
+        self._stats.credit_overdrafts += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        task = trio.lowlevel.current_task()
+        if task in self._holders:
+            self._holders.discard(task)
+            self._credits.release()
+
+
+ResponseItem = tuple[bytes, AddressVector, int]
+
+
+class EndpointTraffic:
+    """What goes in and out of one endpoint's QP (see the module docstring)."""
+
+    def __init__(
+        self,
+        protocol: PeerProtocol,
+        resolver: Resolver,
+        stats: EndpointStats,
+        group0: McGroup,
+        queue_depth: int,
+    ) -> None:
+        self.protocol = protocol
+        self.resolver = resolver
+        self.stats = stats
+        self.group0 = group0
+        self.qp: UdQp | None = None
+        """The endpoint's QP while it is open (the endpoint opens and closes it)."""
+        self._responses_in, self._responses_out = trio.open_memory_channel[ResponseItem](
+            queue_depth
+        )
+
+    # -- in -------------------------------------------------------------------------------
+
+    async def receive_loop(self) -> None:
+        qp = self.qp
+        assert qp is not None
+        while True:
+            try:
+                batch = await qp.receive_many(RECEIVE_BATCH)
+            except (trio.ClosedResourceError, trio.EndOfChannel):
+                return
+            except FabricError as exc:
+                # A receive completion error costs one buffer, not the endpoint (defect 46).
+                self.stats.send_errors += 1
+                log.debug("receive error", error=str(exc))
+                continue
+            # One clock reading per batch: its MADs share the lifetimes' deadline floats.
+            now = trio.current_time()
+            for received in batch:
+                self.receive_mad(received, now)
+
+    def receive_mad(self, received: ReceivedMad, now: float) -> None:
+        """One MAD as the receive loop takes it."""
+        for action in self.protocol.receive(received, now):
+            self.apply(action, now)
+
+    def apply(self, action: Action, now: float) -> None:
+        """Do what the peer protocol decided (``protocol.Action``), in the round it did."""
+        if isinstance(action, Count):
+            self.stats.add(action.tally)
+        elif isinstance(action, SendResponse):
+            self.queue_response(action.mad, action.av, action.qpn)
+        elif isinstance(action, Complete):
+            action.query.complete(action.status, action.reason)
+        elif isinstance(action, RouteWanted):
+            self.resolver.peer_asked(action.entry, action.tid, now)
+        else:
+            self._peer_moved(action)
+
+    def _peer_moved(self, moved: PeerMoved) -> None:
+        self.stats.peer_moves += 1
+        log.info(
+            "peer LID changed; its other cached routes dropped",
+            peer=KeyText(moved.entry.key),
+            lid=moved.lid,
+            dropped=moved.dropped,
+        )
+
+    # -- out ------------------------------------------------------------------------------
+
+    def respond(self, entry: DestEntry, tid: int, status: int) -> None:
+        """Answer a peer's request ``tid`` for our address (``PeerProtocol.response``)."""
+        self.apply(self.protocol.response(entry, tid, status), math.nan)
+
+    async def send_request(self, mad: bytes) -> bool:
+        """Multicast an ACM request on group 0; a failed send is counted (the retries go
+        on); False once the QP is closed."""
+        qp, av = self.qp, self.group0.av
+        if qp is None:
+            return False
+        if av is None:
+            # Group 0 is being joined again: this transmission is lost, as on a fabric.
+            self.stats.send_errors += 1
+            return True
+        try:
+            await qp.send(mad, av, MULTICAST_QPN)
+        except FabricError as exc:
+            self.stats.send_errors += 1
+            log.debug("request send failed", error=str(exc))
+        return True
+
+    def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
+        try:
+            self._responses_in.send_nowait((mad, av, qpn))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.stats.responses_dropped += 1
+
+    async def response_sender(self) -> None:
+        """One of ``send_depth`` senders: at most that many responses in flight."""
+        async for mad, av, qpn in self._responses_out:
+            qp = self.qp
+            if qp is None:
+                return
+            try:
+                await qp.send(mad, av, qpn)
+                self.stats.responses_sent += 1
+            except FabricError as exc:
+                self.stats.send_errors += 1
+                log.debug("response send failed", error=str(exc))
