@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import trio
 
 from ibacm.config.paths import STATE_DIR_ENV
+from ibacm.tools import sim_procs
 from ibacm.tools.sim_kinds import NodeKind
 from ibacm.tools.sim_layout import CLIENT_SOCKET, OPTS_FILE, Layout, SimToolError, write_pids
 from ibacm.tools.sim_nodes import (
@@ -101,6 +103,12 @@ def test_a_daemon_is_found_by_its_recorded_pid_or_its_command_line(
     recorded = subprocess.Popen([*SLEEP, *node_marker("node1").split()])
     by_hand = subprocess.Popen([*SLEEP, "ibacm.core.cli", f"{layout.node_dir('node2')}/x"])
     processes += [recorded, by_hand]
+    # Popen returns once exec closed its error pipe, before the kernel has set the new
+    # command line up: /proc/PID/cmdline reads empty for a moment.
+    deadline = time.monotonic() + 10
+    while not all(sim_procs.cmdline(p.pid) for p in (recorded, by_hand)):
+        assert time.monotonic() < deadline, "the sleepers never showed their command lines"
+        time.sleep(0.005)
     write_pids(layout, {"nodes": {"node1": recorded.pid}})
     found = find_daemons(layout, {"nodes": {"node1": recorded.pid}}, ["node1", "node2", "node3"])
     assert (found["node1"].pid, found["node1"].recorded) == (recorded.pid, True)
