@@ -550,6 +550,8 @@ class ClientLoop:
             self._epoll.register(fd, conn.events)
         except OSError as exc:  # e.g. fs.epoll.max_user_watches reached
             self._note(NoteKind.FAILED, conn.name, f"cannot watch the client: {exc.strerror}")
+            # What its first read already answered (and counted) still goes out.
+            self._flush(conn, now)
             self._close(conn)
             return
         conn.watched = True
@@ -586,19 +588,13 @@ class ClientLoop:
             self._stop_reading(conn)
             return
         framer = conn.framer
+        frame = (framer or self._whole).whole(data)
+        if frame is not None:
+            conn.requests += 1
+            self._request(conn, frame, now)
+            return
         if framer is None:
-            frame = self._whole.whole(data)
-            if frame is not None:
-                conn.requests += 1
-                self._request(conn, frame, now)
-                return
             framer = conn.framer = ClientFramer()
-        else:
-            frame = framer.whole(data)
-            if frame is not None:
-                conn.requests += 1
-                self._request(conn, frame, now)
-                return
         framer.feed(data)
         self._take(conn, now)
 

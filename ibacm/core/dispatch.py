@@ -68,7 +68,6 @@ from ibacm.wire.client import (
     encode_resolve_reply,
     is_address_type,
 )
-from ibacm.wire.counters import ACM_MAX_COUNTER
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
@@ -418,7 +417,7 @@ class Dispatcher:
         request = decode_perf_request(frame)
         scope = request.scope
         if scope is PerfScope.GLOBAL:
-            values = self.counters.snapshot()[:ACM_MAX_COUNTER]
+            values = self.counters.snapshot()
             return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, values)
         endpoint: EndpointState | None = None
         if scope is PerfScope.INDEX:
@@ -429,7 +428,7 @@ class Dispatcher:
         provider = endpoint.port.provider if endpoint is not None else None
         if endpoint is None or provider is None:
             return encode_perf_reply(request.hdr, AcmStatus.ESRCADDR, ())
-        counts = provider.query_perf(endpoint.ctx)[:ACM_MAX_COUNTER]
+        counts = provider.query_perf(endpoint.ctx)
         values = [int(value) & COUNTER_MASK for value in counts]
         return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, values)
 

@@ -112,7 +112,7 @@ class HitPath:
             if table.routes is seen.routes and table.key is seen.key and now < seen.hit.expiry:
                 return self._answered(frame, table, seen.hit)
         fields = unpack_resolve_pair(frame)
-        if fields is None:
+        if fields is None:  # never: the length was checked above (the codec's own check)
             return None
         flags0, type0, _, info0, flags1, type1, _, info1 = fields
         # One SOURCE and one DEST (NODELAY changes nothing for a hit), in either order,

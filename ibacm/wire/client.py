@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ibacm.wire.buffer import Buffer
+from ibacm.wire.counters import ACM_MAX_COUNTER
 from ibacm.wire.errors import (
     BadLengthError,
     BadOpcodeError,
@@ -657,9 +658,8 @@ def encode_perf_reply(request_hdr: AcmHdr, status: int, counters: Sequence[int])
     )
     if status != AcmStatus.SUCCESS:
         return hdr.encode()
-    maximum = (MSG_MAX - HDR_LEN) // 8
-    if len(counters) > maximum:
-        raise OversizeError(f"counters: {len(counters)} counters, at most {maximum} fit")
+    # The C daemon's counters only: a longer reply kills Debian's ib_acme -P (SIGSEGV).
+    counters = counters[:ACM_MAX_COUNTER]
     hdr.data0 = len(counters)
     hdr.length = HDR_LEN + 8 * len(counters)
     buf = Buffer(hdr.encode())

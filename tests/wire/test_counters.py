@@ -62,3 +62,10 @@ def test_a_counter_is_found_by_its_index(counter: Counter) -> None:
 def test_an_index_past_the_counters_is_refused() -> None:
     with pytest.raises(ValueError):
         Counter(len(Counter))
+
+
+def test_a_perf_reply_never_carries_more_than_the_c_daemons_counters() -> None:
+    # Debian's ib_acme -P dies of SIGSEGV on a longer reply: the encoder cuts, whoever calls.
+    values = list(range(1, 10))
+    reply = decode_perf_reply(encode_perf_reply(AcmHdr(opcode=AcmOp.PERF_QUERY), 0, values))
+    assert list(reply.counters) == values[:ACM_MAX_COUNTER]
