@@ -28,7 +28,6 @@ from ibacm.config.option_kinds import (
 from ibacm.config.option_values import (
     DEFAULT_MTU_ENUM,
     DEFAULT_RATE_ENUM,
-    MTU_BYTES,
     MTU_ENUM,
     RATE_ENUM,
     RATE_GBPS,
@@ -49,6 +48,7 @@ from ibacm.config.paths import (
     DEFAULT_PROVIDER_LIB_PATH,
     DEFAULT_ROUTE_DATA_FILE,
 )
+from ibacm.wire.rates import MTU_BYTES
 
 _CORE = ReadBy.CORE
 _ACMP = ReadBy.PROVIDER

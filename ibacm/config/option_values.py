@@ -15,6 +15,7 @@ from ibacm.config import cnumbers
 from ibacm.config.ctext import c_lower
 from ibacm.config.errors import IssueSink
 from ibacm.config.option_kinds import Kind, Setting
+from ibacm.wire.rates import DEFAULT_MIN_MTU, DEFAULT_MIN_RATE, MIN_RATE_OPTION, MTU_BYTES
 
 
 class ServerMode(enum.IntEnum):
@@ -75,31 +76,13 @@ class LogFormat(enum.Enum):
 
 
 # min_mtu in bytes -> IBA MTU enum; anything else becomes 2048 (enum 4) as in C.
-MTU_ENUM: dict[int, int] = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
-# min_rate in Gb/s (2 means 2.5) -> IBA rate enum; anything else becomes 10 (enum 3) as in C.
-RATE_ENUM: dict[int, int] = {
-    2: 2,
-    5: 5,
-    10: 3,
-    14: 11,
-    20: 6,
-    25: 15,
-    30: 4,
-    40: 7,
-    56: 12,
-    60: 8,
-    80: 9,
-    100: 16,
-    112: 13,
-    120: 10,
-    168: 14,
-    200: 17,
-    300: 18,
-}
-MTU_BYTES: dict[int, int] = {enum_: size for size, enum_ in MTU_ENUM.items()}
+MTU_ENUM: dict[int, int] = {size: enum_ for enum_, size in MTU_BYTES.items()}
+# min_rate in Gb/s (2 means 2.5) -> IBA rate enum, by Gb/s; anything else becomes 10 (enum 3)
+# as in C.
+RATE_ENUM: dict[int, int] = dict(sorted(MIN_RATE_OPTION.items()))
 RATE_GBPS: dict[int, int] = {enum_: gbps for gbps, enum_ in RATE_ENUM.items()}
-DEFAULT_MTU_ENUM = MTU_ENUM[2048]
-DEFAULT_RATE_ENUM = RATE_ENUM[10]
+DEFAULT_MTU_ENUM = DEFAULT_MIN_MTU
+DEFAULT_RATE_ENUM = DEFAULT_MIN_RATE
 
 
 def lifetime_seconds(minutes: int) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ibacm.wire.errors import FieldRangeError
 
-_MTU_BYTES: dict[int, int] = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
+MTU_BYTES: dict[int, int] = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 
 # IBA / enum ibv_rate (kernel enum ib_rate for 25 = 1600 Gb/s).
 _RATE_GBPS: dict[int, float] = {
@@ -61,7 +61,7 @@ DEFAULT_MIN_MTU = 4  # 2048
 DEFAULT_MIN_RATE = 3  # 10 Gb/s
 
 # options.md §4: min_rate is given in whole Gb/s ("2" means 2.5).
-_MIN_RATE_OPTION: dict[int, int] = {
+MIN_RATE_OPTION: dict[int, int] = {
     2: 2,
     5: 5,
     10: 3,
@@ -85,14 +85,14 @@ _MIN_RATE_OPTION: dict[int, int] = {
 def mtu_to_bytes(mtu: int) -> int:
     """IBA MTU enum (1..5) -> bytes."""
     try:
-        return _MTU_BYTES[mtu]
+        return MTU_BYTES[mtu]
     except KeyError:
         raise FieldRangeError(f"mtu: {mtu} is not an IBA MTU enum (1..5)") from None
 
 
 def bytes_to_mtu(size: int) -> int:
     """256/512/1024/2048/4096 -> IBA MTU enum."""
-    for enum_value, mtu_bytes in _MTU_BYTES.items():
+    for enum_value, mtu_bytes in MTU_BYTES.items():
         if mtu_bytes == size:
             return enum_value
     raise FieldRangeError(f"mtu: {size} bytes is not an IBA MTU (256..4096, powers of two)")
@@ -163,7 +163,7 @@ def convert_min_mtu(value: int | str) -> tuple[int, bool]:
     (C silently uses 2048, defect #19).
     """
     size = _atoi(value)
-    for enum_value, mtu_bytes in _MTU_BYTES.items():
+    for enum_value, mtu_bytes in MTU_BYTES.items():
         if mtu_bytes == size:
             return enum_value, True
     return DEFAULT_MIN_MTU, False
@@ -171,7 +171,7 @@ def convert_min_mtu(value: int | str) -> tuple[int, bool]:
 
 def convert_min_rate(value: int | str) -> tuple[int, bool]:
     """``min_rate`` option (whole Gb/s, "2" = 2.5) -> (rate enum, valid); default 3 (10G)."""
-    rate = _MIN_RATE_OPTION.get(_atoi(value))
+    rate = MIN_RATE_OPTION.get(_atoi(value))
     if rate is None:
         return DEFAULT_MIN_RATE, False
     return rate, True

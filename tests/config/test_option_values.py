@@ -12,7 +12,6 @@ from ibacm.config.option_kinds import Setting
 from ibacm.config.option_values import (
     DEFAULT_MTU_ENUM,
     DEFAULT_RATE_ENUM,
-    MTU_BYTES,
     MTU_ENUM,
     RATE_ENUM,
     RATE_GBPS,
@@ -20,6 +19,7 @@ from ibacm.config.option_values import (
     ProviderLines,
     lifetime_seconds,
 )
+from ibacm.wire.rates import MTU_BYTES
 
 
 @pytest.mark.parametrize(("minutes", "seconds"), [(0, 0.0), (1, 60.0), (1440, 86400.0)])
