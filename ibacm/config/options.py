@@ -241,11 +241,18 @@ class Options(COptions):
         """
         pairs: list[tuple[str, str]] = []
         for section in ReadBy:
+            last: dict[str, list[tuple[str, str]]] = {}
             for definition in OPTIONS:
-                if section in definition.read_by:
+                if section not in definition.read_by:
+                    continue
+                if definition.key in _C_LOGGED_AFTER_FILES:
+                    last[definition.key] = self._entries(definition)
+                else:
                     pairs += self._entries(definition)
             if section is ReadBy.CORE:
                 pairs += [("options file", options_file), ("addr file", addr_file)]
+            for key in _C_LOGGED_AFTER_FILES:
+                pairs += last.get(key, [])
         return pairs
 
     def _entries(self, definition: OptionDef) -> list[tuple[str, str]]:
@@ -254,6 +261,9 @@ class Options(COptions):
             return [(definition.label, str(getattr(self, definition.follows)))]
         return definition.kind.entries(definition.label, value)
 
+
+_C_LOGGED_AFTER_FILES = ("provider_lib_path", "support_ips_in_addr_cfg")
+"""Core keys C logs after the two file names (options.md §3); the file writes them before."""
 
 OPTIONS: tuple[OptionDef, ...] = definitions(Options)
 """Every option, in the order of the generated file."""

@@ -51,6 +51,27 @@ def test_reload_groups_partition_the_options() -> None:
     assert "server_mode" not in option_names(Reload.PROVIDER)
 
 
+def test_summary_logs_the_core_settings_in_the_c_daemons_order() -> None:
+    # options.md §3: ... sa depth, options file, addr file, provider lib path, support IP's.
+    labels = [label for label, _ in Options().summary()][:14]
+    assert labels == [
+        "log file",
+        "log level",
+        "umad debug level",
+        "lock file",
+        "server_port",
+        "server_mode",
+        "acme_plus_kernel_only",
+        "timeout",
+        "retries",
+        "sa depth",
+        "options file",
+        "addr file",
+        "provider lib path",
+        "support IP's in ibacm_addr.cfg",
+    ]
+
+
 def test_summary_lists_core_then_provider_settings() -> None:
     opts = parse("server_mode open\nroute_preload opensm_full_v1\nprovider x default\n")
     summary = opts.summary(options_file="/etc/o.cfg", addr_file="/etc/a.cfg")
