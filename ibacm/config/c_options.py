@@ -26,8 +26,6 @@ from ibacm.config.option_kinds import (
     option,
 )
 from ibacm.config.option_values import (
-    DEFAULT_MTU_ENUM,
-    DEFAULT_RATE_ENUM,
     MTU_ENUM,
     RATE_ENUM,
     RATE_GBPS,
@@ -48,7 +46,7 @@ from ibacm.config.paths import (
     DEFAULT_PROVIDER_LIB_PATH,
     DEFAULT_ROUTE_DATA_FILE,
 )
-from ibacm.wire.rates import MTU_BYTES
+from ibacm.wire.rates import DEFAULT_MIN_MTU, DEFAULT_MIN_RATE, MTU_BYTES
 
 _CORE = ReadBy.CORE
 _ACMP = ReadBy.PROVIDER
@@ -285,7 +283,7 @@ class COptions:
     )
     min_mtu: int = option(
         Coded(MTU_ENUM, fallback=2048),
-        DEFAULT_MTU_ENUM,
+        DEFAULT_MIN_MTU,
         reload=Reload.ENDPOINT,
         read_by=_ACMP,
         label="minimum mtu",
@@ -296,8 +294,8 @@ class COptions:
         active=True,
     )
     min_rate: int = option(
-        Coded(RATE_ENUM, fallback=10, sorted_list=True),
-        DEFAULT_RATE_ENUM,
+        Coded(RATE_ENUM, fallback=10),
+        DEFAULT_MIN_RATE,
         reload=Reload.ENDPOINT,
         read_by=_ACMP,
         label="minimum rate",
@@ -389,12 +387,12 @@ class COptions:
     @property
     def min_mtu_bytes(self) -> int:
         """The multicast group 0 MTU in bytes (e.g. 2048)."""
-        return MTU_BYTES.get(self.min_mtu, 2048)
+        return MTU_BYTES.get(self.min_mtu, MTU_BYTES[DEFAULT_MIN_MTU])
 
     @property
     def min_rate_gbps(self) -> int:
         """The multicast group 0 rate as written in the file (Gb/s; 2 means 2.5)."""
-        return RATE_GBPS.get(self.min_rate, 10)
+        return RATE_GBPS.get(self.min_rate, RATE_GBPS[DEFAULT_MIN_RATE])
 
     @property
     def addr_lifetime(self) -> float:

@@ -303,14 +303,11 @@ class Coded(Kind[int]):
 
     table: Mapping[int, int]
     fallback: int
-    sorted_list: bool = False
-    """List the accepted numbers in order (else in the table's order)."""
 
     def parse(self, s: Setting, previous: int, default: int) -> int:
         number = s.c_int()
         if number not in self.table:
-            numbers = sorted(self.table) if self.sorted_list else list(self.table)
-            allowed = ", ".join(str(n) for n in numbers)
+            allowed = ", ".join(str(n) for n in self.table)  # tables are in number order
             s.error(
                 f"value {s.value!r} is not one of {allowed}; the C daemon would use {self.fallback}"
             )

@@ -15,7 +15,7 @@ from ibacm.config import cnumbers
 from ibacm.config.ctext import c_lower
 from ibacm.config.errors import IssueSink
 from ibacm.config.option_kinds import Kind, Setting
-from ibacm.wire.rates import DEFAULT_MIN_MTU, DEFAULT_MIN_RATE, MIN_RATE_OPTION, MTU_BYTES
+from ibacm.wire.rates import MIN_RATE_OPTION, MTU_BYTES
 
 
 class ServerMode(enum.IntEnum):
@@ -81,8 +81,6 @@ MTU_ENUM: dict[int, int] = {size: enum_ for enum_, size in MTU_BYTES.items()}
 # as in C.
 RATE_ENUM: dict[int, int] = dict(sorted(MIN_RATE_OPTION.items()))
 RATE_GBPS: dict[int, int] = {enum_: gbps for gbps, enum_ in RATE_ENUM.items()}
-DEFAULT_MTU_ENUM = DEFAULT_MIN_MTU
-DEFAULT_RATE_ENUM = DEFAULT_MIN_RATE
 
 
 def lifetime_seconds(minutes: int) -> float:

@@ -64,7 +64,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from ibacm.core.hits import HitPath
-from ibacm.wire.client import HDR_LEN, MSG_MAX, ClientFramer, FramingError, FramingFault
+from ibacm.wire.client import (
+    HDR_LEN,
+    MSG_MAX,
+    ClientFramer,
+    FramingError,
+    FramingFault,
+    whole_request,
+)
 
 MAX_PENDING_REPLIES = 256
 """Replies one connection may owe before its requests are not read for a while."""
@@ -319,9 +326,6 @@ class ClientLoop:
         self._numbers = 0
         self._not_asked = 0
         """Open connections whose uid was not asked yet (``UID_NOT_ASKED``)."""
-        self._whole = ClientFramer()
-        """Never fed: tells whether a read is exactly one whole request (``whole``), for a
-        connection that has no framer of its own yet."""
         self._batch: list[Request] = []
         self._notes: list[Note] = []
         self._dirty: list[Connection] = []
@@ -392,21 +396,17 @@ class ClientLoop:
                         self._accept(fd, listener, now)
                 self._end_round(now)
         finally:
+            # In the thread: the connections. The set and the listeners: ``close``.
             for conn in list(self._conns.values()):
                 self._close(conn)
-            for sock in self._listeners.values():
-                sock.close()
-            self._listeners.clear()
-            epoll.close()
 
     def close(self) -> None:
-        """Release the wake-up fd (the trio side, once ``run`` returned and no reply can
-        come any more: closing it in the thread could let a late reply write to a reused
-        descriptor number)."""
+        """Release the wake-up fd, the epoll set and the listeners (the trio side, once
+        ``run`` returned or never ran, and no reply can come any more: closing the fd in the
+        thread could let a late reply write to a reused descriptor number)."""
         if self._wake_fd >= 0:
             os.close(self._wake_fd)
             self._wake_fd = -1
-        # ``run`` never ran (cancelled before the thread started): what it would have closed.
         self._epoll.close()
         for sock in self._listeners.values():
             sock.close()
@@ -588,7 +588,7 @@ class ClientLoop:
             self._stop_reading(conn)
             return
         framer = conn.framer
-        frame = (framer or self._whole).whole(data)
+        frame = whole_request(data) if framer is None else framer.whole(data)
         if frame is not None:
             conn.requests += 1
             self._request(conn, frame, now)

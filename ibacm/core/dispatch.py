@@ -68,6 +68,7 @@ from ibacm.wire.client import (
     encode_resolve_reply,
     is_address_type,
 )
+from ibacm.wire.counters import COUNTER_MASK
 from ibacm.wire.errors import WireError
 from ibacm.wire.path_record import PathRecord
 
@@ -81,7 +82,6 @@ _QUERY_SA = int(EpFlag.QUERY_SA)
 _RESOLVE = int(AcmOp.RESOLVE)
 _PERF_QUERY = int(AcmOp.PERF_QUERY)
 _EP_QUERY = int(AcmOp.EP_QUERY)
-COUNTER_MASK = 0xFFFFFFFFFFFFFFFF
 
 
 class CoreError(Exception):
@@ -417,8 +417,7 @@ class Dispatcher:
         request = decode_perf_request(frame)
         scope = request.scope
         if scope is PerfScope.GLOBAL:
-            values = self.counters.snapshot()
-            return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, values)
+            return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, self.counters.snapshot())
         endpoint: EndpointState | None = None
         if scope is PerfScope.INDEX:
             endpoint = endpoint_by_index(self.devices, request.index)
@@ -428,8 +427,7 @@ class Dispatcher:
         provider = endpoint.port.provider if endpoint is not None else None
         if endpoint is None or provider is None:
             return encode_perf_reply(request.hdr, AcmStatus.ESRCADDR, ())
-        counts = provider.query_perf(endpoint.ctx)
-        values = [int(value) & COUNTER_MASK for value in counts]
+        values = [int(value) & COUNTER_MASK for value in provider.query_perf(endpoint.ctx)]
         return encode_perf_reply(request.hdr, AcmStatus.SUCCESS, values)
 
     def ep_query(self, frame: bytes) -> bytes:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ibacm.fabric.api import SaDestination
 from ibacm.provider.route_table import RouteTable
+from ibacm.wire.counters import COUNTER_MASK
 from ibacm.wire.counters import Counter as Counter  # providers count with it (re-exported)
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class Counters:
         values = list(self.values)
         for tally in self.tallies:
             values = [mine + theirs for mine, theirs in zip(values, tally.snapshot(), strict=True)]
-        return [value & 0xFFFFFFFFFFFFFFFF for value in values]
+        return [value & COUNTER_MASK for value in values]
 
 
 class CoreServices(abc.ABC):

@@ -841,6 +841,20 @@ def _request_length_in(data: bytes | bytearray, at: int) -> int:
     return data[at + 6] << 8 | data[at + 7]
 
 
+def whole_request(data: bytes) -> bytes | None:
+    """``data`` itself when it is exactly one valid request, else None (a read framed
+    without a framer of its own: ``ClientFramer.whole`` when nothing is buffered)."""
+    if len(data) < HDR_LEN:
+        return None
+    op = data[1] & OP_MASK
+    if data[0] != ACM_VERSION or op not in _OPERATIONS:
+        return None
+    length = _request_length_in(data, 0)
+    if length != len(data) or not _allowed_request_length(op, length):
+        return None
+    return data
+
+
 class ClientFramer:
     """Split a client-protocol byte stream into whole messages (sans-I/O, h11 style).
 
@@ -904,15 +918,9 @@ class ClientFramer:
         """``data`` itself when nothing is buffered and it is exactly one valid request (the
         common read: a client sent one request and waits); else None, with nothing changed
         (then ``feed`` it). Saves the buffer's copies on the way of most requests."""
-        if self.buffered or self._replies or self._error is not None or len(data) < HDR_LEN:
+        if self.buffered or self._replies or self._error is not None:
             return None
-        op = data[1] & OP_MASK
-        if data[0] != ACM_VERSION or op not in _OPERATIONS:
-            return None
-        length = _request_length_in(data, 0)
-        if length != len(data) or not _allowed_request_length(op, length):
-            return None
-        return data
+        return whole_request(data)
 
     def head(self, size: int = HDR_LEN) -> bytes:
         """The first ``size`` bytes not yet returned as a frame (after a ``FramingError``:

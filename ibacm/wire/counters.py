@@ -21,6 +21,9 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+COUNTER_MASK: Final = 0xFFFFFFFFFFFFFFFF
+"""Counters are unbounded ints, reported modulo 2**64 (C used 32-bit signed ints)."""
+
 ACM_MAX_COUNTER: Final = 7
 """The counters of the C daemon (``ACM_MAX_COUNTER``): the first members of ``Counter``, and
 all that a PERF_QUERY reply carries and a C provider knows. Never more on the wire: Debian's

@@ -22,13 +22,12 @@ from ibacm.config.option_kinds import (
     Reload,
     Timeout,
 )
-from ibacm.config.options import OPTIONS, Options
+from ibacm.config.options import BY_KEY, OPTIONS, Options
 from ibacm.config.opts_template import render_opts_file
 from tests.conftest import SPEC, require_file
 from tests.packaging.test_man import plain, render, source
 
 KEYS = [definition.key for definition in OPTIONS]
-BY_KEY = {definition.key: definition for definition in OPTIONS}
 SCALARS = [d.key for d in OPTIONS if not d.kind.whole_line]
 C_KEYS = [d.key for d in OPTIONS if d.read_by & (ReadBy.CORE | ReadBy.PROVIDER)]
 

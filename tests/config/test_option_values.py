@@ -10,8 +10,6 @@ import pytest
 from ibacm.config.errors import IssueSink
 from ibacm.config.option_kinds import Setting
 from ibacm.config.option_values import (
-    DEFAULT_MTU_ENUM,
-    DEFAULT_RATE_ENUM,
     MTU_ENUM,
     RATE_ENUM,
     RATE_GBPS,
@@ -19,7 +17,7 @@ from ibacm.config.option_values import (
     ProviderLines,
     lifetime_seconds,
 )
-from ibacm.wire.rates import MTU_BYTES
+from ibacm.wire.rates import DEFAULT_MIN_MTU, DEFAULT_MIN_RATE, MTU_BYTES
 
 
 @pytest.mark.parametrize(("minutes", "seconds"), [(0, 0.0), (1, 60.0), (1440, 86400.0)])
@@ -36,7 +34,7 @@ def test_every_negative_lifetime_is_never(minutes: int) -> None:
 def test_codes_and_numbers_are_inverse() -> None:
     assert all(MTU_BYTES[code] == size for size, code in MTU_ENUM.items())
     assert all(RATE_GBPS[code] == gbps for gbps, code in RATE_ENUM.items())
-    assert (MTU_BYTES[DEFAULT_MTU_ENUM], RATE_GBPS[DEFAULT_RATE_ENUM]) == (2048, 10)
+    assert (MTU_BYTES[DEFAULT_MIN_MTU], RATE_GBPS[DEFAULT_MIN_RATE]) == (2048, 10)
 
 
 def read(kind: ProviderLines, line: str, previous: list[ProviderLine]) -> list[ProviderLine]:

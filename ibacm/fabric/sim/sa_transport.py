@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import sys
 import traceback
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 
@@ -23,8 +23,6 @@ import trio
 
 from ibacm.fabric.api import MAD_SIZE, SaDestination, SaSendError
 from ibacm.fabric.sim.delivery import Delivery
-from ibacm.fabric.sim.directory import Directory
-from ibacm.fabric.sim.faults import FaultInjector, Faults
 from ibacm.fabric.sim.runtime import Endpoint, PortRuntime
 from ibacm.fabric.sim.sa import SubnetAdministrator
 from ibacm.wire.notice import Trap
@@ -36,21 +34,14 @@ REPORT_RETRIES = 3
 class SaTransport:
     """See the module docstring."""
 
-    def __init__(
-        self,
-        directory: Directory,
-        delivery: Delivery,
-        sa: SubnetAdministrator,
-        faults: Faults,
-        inject: FaultInjector,
-        stats: Counter[str],
-    ) -> None:
-        self.directory = directory
+    def __init__(self, delivery: Delivery, sa: SubnetAdministrator) -> None:
         self.delivery = delivery
         self.sa = sa
-        self.faults = faults
-        self.inject = inject
-        self.stats = stats
+        # The world's, as delivery holds them: one directory, one set of faults and stats.
+        self.directory = delivery.directory
+        self.faults = delivery.faults
+        self.inject = delivery.inject
+        self.stats = delivery.stats
         self._agent_ids = itertools.count(1)
         self._queue: deque[tuple[Endpoint, bytes]] = deque()
         self._wakeup = trio.Event()
@@ -139,8 +130,7 @@ class SaTransport:
         delay = delivery.latency(path.hops)
         for response in responses:
             delivery.count_sent(response)
-        faults = self.faults
-        if faults.loss or faults.duplicate or faults.corrupt:
+        if self.faults.alters_transmissions:
             arrive = partial(self._response_arrives, requester)
             for response in responses:
                 delivery.send_copies(response, delay, arrive)

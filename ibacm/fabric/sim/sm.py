@@ -9,14 +9,10 @@ SM LID changes), and the new SM starts with only the IPoIB broadcast groups.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import trio
 
 from ibacm.fabric.api import FabricError, PortEvent, PortEventType, PortState
-from ibacm.fabric.sim.directory import Directory
 from ibacm.fabric.sim.runtime import PortRuntime
-from ibacm.fabric.sim.sa import SubnetAdministrator
 from ibacm.fabric.sim.sa_transport import SaTransport
 from ibacm.wire.notice import Trap
 
@@ -24,17 +20,12 @@ from ibacm.wire.notice import Trap
 class SubnetManager:
     """See the module docstring."""
 
-    def __init__(
-        self,
-        directory: Directory,
-        sa: SubnetAdministrator,
-        sa_transport: SaTransport,
-        stats: Counter[str],
-    ) -> None:
-        self.directory = directory
-        self.sa = sa
+    def __init__(self, sa_transport: SaTransport) -> None:
         self.sa_transport = sa_transport
-        self.stats = stats
+        # The world's, as the SA transport holds them.
+        self.directory = sa_transport.directory
+        self.sa = sa_transport.sa
+        self.stats = sa_transport.stats
 
     def emit(self, port: PortRuntime, kind: PortEventType) -> None:
         """The port event ``kind`` to everyone listening to the port's device."""

@@ -66,10 +66,8 @@ class SimWorld:
             self.stats,
             link_latency=link_latency,
         )
-        self.sa_transport = SaTransport(
-            self.directory, self.delivery, self.sa, self.faults, inject, self.stats
-        )
-        self.sm = SubnetManager(self.directory, self.sa, self.sa_transport, self.stats)
+        self.sa_transport = SaTransport(self.delivery, self.sa)
+        self.sm = SubnetManager(self.sa_transport)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -81,10 +79,6 @@ class SimWorld:
             await nursery.start(self.delivery.run)
             nursery.start_soon(self.sa_transport.serve)
             task_status.started()
-
-    @property
-    def running(self) -> bool:
-        return self.delivery.running
 
     def fabric(self, node_name: str) -> SimFabric:
         """The in-process Fabric of one node."""

@@ -113,13 +113,13 @@ class DestCache:
 
     def remove(self, key: CacheKey) -> DestEntry | None:
         entry = self._loopback.pop(key, None)
-        if entry is None:
-            entry = self._entries.pop(key, None)
-            if entry is not None:
-                self._schedule.unschedule((entry,), self._entries)
         if entry is not None:
             self._publication.drop((entry,))
             self._tell(entry, True)
+            return entry
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._leave([entry])
         return entry
 
     def clear_learned(self) -> int:

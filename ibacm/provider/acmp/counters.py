@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from ibacm.provider.api import Counter, Counters
 from ibacm.provider.route_table import RouteTable
+from ibacm.wire.counters import COUNTER_MASK
 
 _RESOLVE = int(Counter.RESOLVE)
 _ROUTE_CACHE = int(Counter.ROUTE_CACHE)
-_MASK = 0xFFFFFFFFFFFFFFFF
 
 
 class EndpointCounters:
@@ -43,8 +43,8 @@ class EndpointCounters:
         table = self.table
         if table is not None:
             hits = table.hits
-            values[_RESOLVE] = (values[_RESOLVE] + hits) & _MASK
-            values[_ROUTE_CACHE] = (values[_ROUTE_CACHE] + hits) & _MASK
+            values[_RESOLVE] = (values[_RESOLVE] + hits) & COUNTER_MASK
+            values[_ROUTE_CACHE] = (values[_ROUTE_CACHE] + hits) & COUNTER_MASK
         return values
 
 

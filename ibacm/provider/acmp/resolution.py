@@ -516,14 +516,14 @@ class Resolver:
         wake-up per resolution in an all-to-all job start."""
         if entry.state is not EntryState.ADDR_RESOLVED:
             return False
-        ep = self.ep
-        dest = entry.route_dest()
-        if dest is None:
-            return False
-        table_path = ep.bulk_route(dest[0], dest[1], now)
-        if table_path is not None:
-            self._make_ready(entry, table_path, now, keep_av=False)
-            return True
+        if self.options.route_bulk_preload:  # a table only then (its change reopens us)
+            dest = entry.route_dest()
+            if dest is None:
+                return False
+            table_path = self.ep.bulk_route(dest[0], dest[1], now)
+            if table_path is not None:
+                self._make_ready(entry, table_path, now, keep_av=False)
+                return True
         return self.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now)
 
     async def _route_phase(self, entry: DestEntry) -> Outcome:

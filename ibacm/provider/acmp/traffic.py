@@ -27,6 +27,8 @@ from ibacm.provider.acmp.entry import DestEntry
 from ibacm.provider.acmp.groups import McGroup
 from ibacm.provider.acmp.keys import KeyText
 from ibacm.provider.acmp.protocol import (
+    REQUEST_RECEIVED,
+    RESPONSE_RECEIVED,
     Action,
     Complete,
     Count,
@@ -141,7 +143,13 @@ class EndpointTraffic:
     def apply(self, action: Action, now: float) -> None:
         """Do what the peer protocol decided (``protocol.Action``), in the round it did."""
         if isinstance(action, Count):
-            self.stats.add(action.tally)
+            # The per-MAD ones as field writes (compiled: no look-up by name).
+            if action is REQUEST_RECEIVED:
+                self.stats.requests_received += 1
+            elif action is RESPONSE_RECEIVED:
+                self.stats.responses_received += 1
+            else:
+                self.stats.add(action.tally)
         elif isinstance(action, SendResponse):
             self.queue_response(action.mad, action.av, action.qpn)
         elif isinstance(action, Complete):
