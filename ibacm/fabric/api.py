@@ -16,6 +16,9 @@ Shape of the interface, mirroring what the C daemon uses from verbs/umad:
   ``open_ud()`` the ACM UD QP of an endpoint.
 * ``UdQp``: unicast/multicast sends with an address vector (GRH always present), receives
   with the source taken from the GRH and the work completion, multicast attach/detach.
+  ``post`` sends without waiting (as ``ibv_post_send``) and ``serve`` hands received MADs to
+  a handler in the round that reads them: a MAD in and the MAD it causes out need no trip
+  through trio's scheduler (issue 28: a daemon's own time in a first resolution).
 """
 
 from __future__ import annotations
@@ -23,9 +26,15 @@ from __future__ import annotations
 import abc
 import enum
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+import trio
+
+from ibacm.log import get_logger
+
+log = get_logger("ibacm.fabric")
 
 ACM_QKEY = 0x80010000
 """Q_Key of every ACM UD QP and of SA MADs (the IBA well-known GSI Q_Key)."""
@@ -56,6 +65,11 @@ class SaSendError(FabricError):
 
 class PortDownError(FabricError):
     """The operation needs an ACTIVE port."""
+
+
+class SendQueueFull(FabricError):
+    """Every send slot of the QP is in flight: ``post`` can take the MAD again after a
+    completion (``send`` waits for one)."""
 
 
 class PortState(enum.IntEnum):
@@ -190,6 +204,23 @@ class SaDestination:
     pkey_index: int
 
 
+RECEIVE_BATCH = 256
+"""MADs one ``serve`` handler call takes at most: a job start's burst costs one call per
+batch."""
+
+MadHandler = Callable[[list[ReceivedMad]], None]
+"""What ``UdQp.serve`` hands received MADs to (see there)."""
+
+
+def deliver_batch(handler: MadHandler, batch: list[ReceivedMad]) -> None:
+    """``handler(batch)`` for a backend's reader: what the handler raises is logged, and the
+    reader (which may be serving other QPs, SA replies, events) goes on."""
+    try:
+        handler(batch)
+    except Exception:
+        log.exception("received MADs could not be handled; dropped", mads=len(batch))
+
+
 class UdQp(abc.ABC):
     """The UD QP of one endpoint (Q_Key 0x80010000)."""
 
@@ -204,6 +235,38 @@ class UdQp(abc.ABC):
         ``remote_qpn`` is ``MULTICAST_QPN`` for a multicast send (``av.dlid`` = MLID and
         ``av.dgid`` = MGID of an attached group). Raises FabricError on a completion error.
         """
+
+    @abc.abstractmethod
+    def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        """Post one 256-byte MAD without waiting for it, as ``ibv_post_send``: on its way
+        (handed to the HCA, or to the fabric's transport) when this returns, never blocking.
+        Its completion is reaped by the backend; a completion error is logged and counted
+        there (``completion_errors``), the poster has moved on.
+
+        Raises SendQueueFull when every send slot is in flight, FabricError when it cannot
+        be posted at all (QP closed, port down, a malformed MAD or address vector).
+        """
+
+    completion_errors: int = 0
+    """Posted sends whose completion reported an error (a backend that has them counts)."""
+
+    async def serve(self, handler: MadHandler, limit: int = RECEIVE_BATCH) -> None:
+        """Hand every received MAD to ``handler``, at most ``limit`` per call, until the QP is
+        closed (then return). A backend whose receives are read by whichever task waits
+        calls ``handler`` from the round that read them, not after a wake-up of this task.
+        ``handler`` runs synchronously: it must not raise (what it raises is logged and the
+        MADs are lost) and may ``post``."""
+        while True:
+            try:
+                batch = await self.receive_many(limit)
+            except trio.ClosedResourceError:
+                return
+            except FabricError as exc:
+                # A receive completion error costs one buffer, not the endpoint (defect 46).
+                self.completion_errors += 1
+                log.debug("receive error", qpn=self.qpn, error=str(exc))
+                continue
+            deliver_batch(handler, batch)
 
     @abc.abstractmethod
     async def receive(self) -> ReceivedMad:

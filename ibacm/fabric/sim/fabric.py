@@ -74,6 +74,10 @@ class SimUdQp(UdQp):
         await trio.lowlevel.checkpoint()
         self._delivery.ud_send(self._qp, mad, av, remote_qpn)
 
+    def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        # Receivers queue what is delivered (``deliver``): a post never runs their handlers.
+        self._delivery.ud_send(self._qp, mad, av, remote_qpn)
+
     async def receive(self) -> ReceivedMad:
         await self._wait_queued()
         return self._queue.popleft()
