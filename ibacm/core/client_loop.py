@@ -29,10 +29,10 @@ The loop runs in a thread started by ``trio.to_thread.run_sync`` and owned by th
 task. What the two sides share follows the project's thread rules: the loop reads only what
 the trio side replaces whole (route tables, limits), each counter has one writer (the
 loop's: ``ClientStats``, the hit tally), and hand-offs go through channels: requests to trio
-through ``TrioToken.run_sync_soon`` (a list per round, never touched again here), replies
-and commands to the loop through a deque and the eventfd. The loop does not log: what is
-worth a line goes to trio with the requests (``Note``), and trio's logging applies its rate
-limits.
+through the ``Outbox`` (a deque and an eventfd trio's epoll watches; a list per round, never
+touched again here), replies and commands to the loop through a deque and the wake-up
+eventfd. The loop does not log: what is worth a line goes to trio with the requests
+(``Note``), and trio's logging applies its rate limits.
 
 A peer that closed is seen by the read that returns nothing, never by its hang-up alone:
 bytes it sent before closing are still framed and counted (a malformed request, a RESOLVE
@@ -274,9 +274,45 @@ class Request:
     §8): answered EINVAL; the connection closes after it."""
 
 
-Handoff = Callable[[list[Request], list[Note]], None]
-"""The trio side's intake, called in the trio thread (through ``run_sync_soon``) with a
-round's requests that must wait and its notes."""
+class Outbox:
+    """What the loop hands to the trio side: a round's requests that must wait and its notes,
+    in a deque, and an eventfd that trio's own epoll watches (``ClientServer``).
+
+    The trio side takes the items (``take``) before it reads the eventfd (``clear``), and
+    takes again after: an uncached request's MAD is posted one system call after the trio
+    thread wakes. (``TrioToken.run_sync_soon`` drains its wake-up socket to EAGAIN and
+    re-arms it before it runs a callback: three more, measured with strace.) An item put
+    after the first ``take`` either made the eventfd readable after ``clear`` or is seen by
+    the second ``take``: none waits for a later wake-up."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[list[Request], list[Note]]] = collections.deque()
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def put(self, batch: list[Request], notes: list[Note]) -> None:
+        """(The loop's thread.) Hand over; the lists are never touched here again."""
+        self._items.append((batch, notes))
+        if self.fd >= 0:
+            with contextlib.suppress(BlockingIOError):  # the counter is full: woken anyway
+                os.eventfd_write(self.fd, 1)
+
+    def take(self) -> list[tuple[list[Request], list[Note]]]:
+        """(The trio side.) Everything handed over so far, in order."""
+        items = self._items
+        taken = []
+        while items:
+            taken.append(items.popleft())
+        return taken
+
+    def clear(self) -> None:
+        """(The trio side.) The eventfd is read: readable again at the next ``put``."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class ClientLoop:
@@ -288,8 +324,6 @@ class ClientLoop:
         listeners: Sequence[socket.socket],
         hits: HitPath,
         clock: Callable[[], float],
-        post: Callable[[Callable[[], None]], None],
-        handoff: Handoff,
         *,
         limits: ClientLimits,
         capacity: int,
@@ -305,8 +339,8 @@ class ClientLoop:
         self.active = 0
         """Connections open now (written by the loop, read by the trio side)."""
         self._clock = clock
-        self._post = post
-        self._handoff = handoff
+        self.outbox = Outbox()
+        """Requests and notes for the trio side (which reads and closes it)."""
         self._max_pending = max_pending
         self._stall_timeout = stall_timeout
         self._listeners = {sock.fileno(): sock for sock in listeners}
@@ -330,6 +364,8 @@ class ClientLoop:
         self._notes: list[Note] = []
         self._dirty: list[Connection] = []
         self._stopping = False
+        self._woken = False
+        """The wake-up fd was readable this round (read at its end: ``_end_round``)."""
         self._draining = False
         self._resting: list[socket.socket] = []
         self.accept_resting = False
@@ -413,31 +449,36 @@ class ClientLoop:
         self._listeners.clear()
 
     def _end_round(self, now: float) -> None:
-        dirty = self._dirty
-        if dirty:
-            self._dirty = []
-            for conn in dirty:
-                if not conn.closed:
-                    try:
-                        self._flush(conn, now)
-                    except Exception as exc:
-                        self._failed(conn, exc)
+        while True:
+            dirty = self._dirty
+            if dirty:
+                self._dirty = []
+                for conn in dirty:
+                    if not conn.closed:
+                        try:
+                            self._flush(conn, now)
+                        except Exception as exc:
+                            self._failed(conn, exc)
+            # The wake-up fd is read after the replies it brought are written (one system
+            # call sooner to the client); what came meanwhile is taken now, not lost.
+            if not self._woken:
+                break
+            self._woken = False
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._wake_fd)
+            if not self._inbox:
+                break
+            self._take_inbox()
         if self._batch or self._notes:
             self._hand_over()
 
     def _hand_over(self) -> None:
         batch, notes = self._batch, self._notes
         self._batch, self._notes = [], []
-        handoff = self._handoff
-        try:
-            self._post(lambda: handoff(batch, notes))
-        except Exception:  # trio has ended (RunFinishedError): nobody will answer
-            for request in batch:
-                self._close(request.connection)
+        self.outbox.put(batch, notes)
 
     def _take_inbox(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self._wake_fd)
+        self._woken = True
         inbox = self._inbox
         while inbox:
             item = inbox.popleft()
@@ -544,6 +585,10 @@ class ClientLoop:
         # A one-shot client (ib_acme) sent its request right after connecting: read it,
         # answer a hit and see the close before the connection costs a registration.
         self._serve(conn, _IN, now)
+        if self._batch:
+            # A request that must wait goes to trio now, before this connection's
+            # registration and the next accept (its MAD out sooner by two system calls).
+            self._hand_over()
         if conn.closed:
             return
         try:

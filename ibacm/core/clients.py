@@ -32,6 +32,7 @@ from ibacm.core.client_loop import (
     ClientStats,
     Note,
     NoteKind,
+    Outbox,
     Request,
 )
 from ibacm.core.dispatch import Dispatcher
@@ -172,8 +173,6 @@ class ClientServer:
             listeners,
             hits,
             trio.lowlevel.current_clock().current_time,
-            trio.lowlevel.current_trio_token().run_sync_soon,
-            self._intake,
             limits=self._limits,
             capacity=self._capacity,
             max_pending=self.max_pending,
@@ -185,6 +184,7 @@ class ClientServer:
                 self._nursery = nursery
                 nursery.start_soon(self._sweep, loop)
                 nursery.start_soon(self._stop_when_cancelled, loop)
+                nursery.start_soon(self._take_handoffs, loop.outbox)
                 task_status.started()
                 await trio.to_thread.run_sync(
                     loop.run, abandon_on_cancel=False, limiter=trio.CapacityLimiter(1)
@@ -192,6 +192,9 @@ class ClientServer:
                 nursery.cancel_scope.cancel()  # the loop ended: its requests' tasks go too
         finally:
             loop.close()
+            # The loop's thread has ended and the task that watched the eventfd is gone.
+            trio.lowlevel.notify_closing(loop.outbox.fd)
+            loop.outbox.close()
 
     @staticmethod
     async def _stop_when_cancelled(loop: ClientLoop) -> None:
@@ -230,10 +233,22 @@ class ClientServer:
             )
             self._refused_seen = refused
 
-    # -- what the loop hands over (called in trio's thread, through run_sync_soon) ------------
+    # -- what the loop hands over ----------------------------------------------------------
+
+    async def _take_handoffs(self, outbox: Outbox) -> None:
+        """Take what the loop hands over when its eventfd wakes us, in the round it does:
+        the items first (an uncached request's MAD is posted before anything else), the
+        eventfd read after, and the items that came meanwhile (``Outbox``)."""
+        while True:
+            await trio.lowlevel.wait_readable(outbox.fd)
+            for batch, notes in outbox.take():
+                self._intake(batch, notes)
+            outbox.clear()
+            for batch, notes in outbox.take():
+                self._intake(batch, notes)
 
     def _intake(self, batch: list[Request], notes: list[Note]) -> None:
-        # A run_sync_soon callback must not raise: trio would end with TrioInternalError.
+        # Whatever fails here must not end the hand-off task: the clients are closed.
         try:
             now = trio.current_time()
             for note in notes:

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -110,16 +109,10 @@ async def test_out_of_descriptors_the_listener_rests_instead_of_spinning(tmp_pat
     listener.listen(8)
     listener.setblocking(False)
     notes: list[Note] = []
-
-    def post(callback: Callable[[], None]) -> None:
-        callback()  # the notes, straight from the loop's thread (no trio side here)
-
     loop = ClientLoop(
         [listener],
         HitPath([], 8),
         time.monotonic,
-        post,
-        lambda batch, round_notes: notes.extend(round_notes),
         limits=ClientLimits(),
         capacity=100,
     )
@@ -130,6 +123,7 @@ async def test_out_of_descriptors_the_listener_rests_instead_of_spinning(tmp_pat
         finally:
             loop.stop()
     loop.close()
+    loop.outbox.close()
 
 
 async def _starve_and_recover(loop: ClientLoop, tmp_path: Path, notes: list[Note]) -> None:
@@ -161,6 +155,7 @@ async def _starve_and_recover(loop: ClientLoop, tmp_path: Path, notes: list[Note
         while loop.active != 1:
             await trio.sleep(0.01)
     assert not loop.accept_resting
+    notes += [note for _, handed in loop.outbox.take() for note in handed]  # no trio side here
     assert any(note.kind is NoteKind.ACCEPT_FAILED for note in notes)
     client.close()
 

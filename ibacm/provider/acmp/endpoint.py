@@ -63,6 +63,7 @@ from ibacm.provider.acmp.keys import (
 from ibacm.provider.acmp.protocol import PeerProtocol, peer_av
 from ibacm.provider.acmp.resolution import NOT_READY, Resolver
 from ibacm.provider.acmp.routes import SaOutcome, SaPaths, av_from_path, loopback_path
+from ibacm.provider.acmp.timers import Timers
 from ibacm.provider.acmp.traffic import EndpointTraffic, ResolveCredits
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus
@@ -190,6 +191,8 @@ class AcmpEndpoint:
         self.addresses: dict[CacheKey, AcmpAddress] = {}
         self.outstanding: dict[int, PendingQuery] = {}
         """Our ACM requests awaiting a response, by TID."""
+        self.timers = Timers()
+        """Retransmissions and time-outs of the ACM requests sent without a task."""
         self.resolve_credits = ResolveCredits(
             max(1, self.options.resolve_depth), self._credit_wait, self.stats
         )
@@ -320,6 +323,7 @@ class AcmpEndpoint:
                     for _ in range(max(1, self.options.send_depth)):
                         nursery.start_soon(self.traffic.response_sender)
                     nursery.start_soon(self._expiry_loop)
+                    nursery.start_soon(self.timers.run)
                     self.start_joins()
                     if self.options.route_bulk_preload:
                         nursery.start_soon(self.bulk.keep_loaded, self.port.sa, self._own_gid)
@@ -549,9 +553,9 @@ class AcmpEndpoint:
         group0 = self.group0
         return group0.joined and group0.av is not None and self.qp is not None
 
-    async def send_request(self, mad: bytes) -> bool:
-        """Multicast an ACM request on group 0 (``EndpointTraffic.send_request``)."""
-        return await self.traffic.send_request(mad)
+    def post_request(self, mad: bytes) -> bool:
+        """Multicast an ACM request on group 0 (``EndpointTraffic.post_request``)."""
+        return self.traffic.post_request(mad)
 
     async def sa_get(self, query: PathRecord) -> SaOutcome:
         return await self.port.sa.get(query)

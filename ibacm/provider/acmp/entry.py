@@ -60,7 +60,7 @@ class Operation:
     peer message, a port going down) decides the status and every waiter sees exactly that.
     """
 
-    __slots__ = ("callbacks", "done", "path", "reason", "status", "waiters")
+    __slots__ = ("callbacks", "done", "landing", "path", "reason", "status", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -73,6 +73,10 @@ class Operation:
         self.callbacks: list[Callable[[Operation], None]] = []
         """Requests waiting without a task (``Resolver.begin_address``): called by
         ``finish``, in the round that ends the operation."""
+        self.landing: Callable[[], None] | None = None
+        """Ends the ACM request in flight without a task (``resolution.AddressFlight``): its
+        timer, its TID and its credit; called when its address phase is over, or by
+        ``finish`` when the operation ends first (however it ends)."""
 
     @property
     def finished(self) -> bool:
@@ -84,6 +88,10 @@ class Operation:
         self.status = int(status)
         self.reason = reason
         self.done.set()
+        landing = self.landing
+        if landing is not None:
+            self.landing = None
+            landing()
         callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
             try:
@@ -98,7 +106,7 @@ class PendingQuery:
     """A resolution task waiting for news about an entry: the answer to our ACM request, or
     the peer's own request (which tells us its address just as well)."""
 
-    __slots__ = ("done", "entry", "reason", "status")
+    __slots__ = ("done", "entry", "on_done", "reason", "status")
 
     def __init__(self, entry: DestEntry) -> None:
         self.entry = entry
@@ -106,12 +114,19 @@ class PendingQuery:
         self.status = 0
         self.reason = ""
         """Why the news is a failure, in words."""
+        self.on_done: Callable[[], None] | None = None
+        """A resolution waiting without a task (``resolution.AddressFlight``): called by
+        ``complete``, in the round that brings the news."""
 
     def complete(self, status: int, reason: str = "") -> None:
         if not self.done.is_set():
             self.status = int(status)
             self.reason = reason
             self.done.set()
+            on_done = self.on_done
+            if on_done is not None:
+                self.on_done = None
+                on_done()
 
 
 class DestEntry:
@@ -305,4 +320,3 @@ class DestEntry:
             "loopback": self.loopback,
             "pending": self.op is not None,
         }
-

@@ -109,4 +109,3 @@ def table_key(dest_type: int, dest: bytes) -> CacheKey | None:
         return cache_key(dest_type, dest)
     except CacheKeyError:
         return None
-

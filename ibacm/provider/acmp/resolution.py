@@ -55,6 +55,7 @@ from ibacm.provider.acmp.keys import (
     lid_key,
 )
 from ibacm.provider.acmp.routes import SaOutcome, path_from_group, path_query, sa_phase_budget
+from ibacm.provider.acmp.timers import Timer, Timers
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
 from ibacm.wire.client import AcmStatus, EpAddr
@@ -95,6 +96,15 @@ CLOSED = "the endpoint closed"
 
 def _path_key(request: PathRecord) -> CacheKey:
     return lid_key(request.dlid) if request.dlid else gid_key(request.dgid)
+
+
+class Credits(AbstractAsyncContextManager[None], Protocol):
+    """The ``resolve_depth`` credits (``traffic.ResolveCredits``): held by a task through
+    ``async with``, or by a request sent without one through ``try_take``/``give_back``."""
+
+    def try_take(self, holder: object) -> bool: ...
+
+    def give_back(self, holder: object) -> None: ...
 
 
 class ResolverHost(Protocol):
@@ -148,8 +158,12 @@ class ResolverHost(Protocol):
         """An ACM request can go out now (group 0 joined, the QP open)."""
 
     @property
-    def resolve_credits(self) -> AbstractAsyncContextManager[None]:
-        """Held while an ACM request is out (``resolve_depth``)."""
+    def resolve_credits(self) -> Credits:
+        """Held while an ACM request is out (``resolve_depth``); replaced whole by a reload."""
+
+    @property
+    def timers(self) -> Timers:
+        """The endpoint's timer task: retransmissions of requests sent without a task."""
 
     def next_tid(self) -> int: ...
 
@@ -159,8 +173,8 @@ class ResolverHost(Protocol):
 
     def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None: ...
 
-    def send_request(self, mad: bytes) -> Awaitable[bool]:
-        """Multicast an ACM request on group 0; False once the QP is closed."""
+    def post_request(self, mad: bytes) -> bool:
+        """Multicast an ACM request on group 0, posted now; False once the QP is closed."""
 
     def sa_get(self, query: PathRecord) -> Awaitable[SaOutcome]:
         """An SA PathRecord query within the route phase's budget."""
@@ -348,6 +362,12 @@ class Resolver:
             if tid is not None:
                 entry.reply_tid = tid  # answered when the route phase ends
             return
+        if state is EntryState.READY:
+            # Made READY in this round, by the same MAD ending a resolution's address phase
+            # (``address_answered``): the peer that asked for our address gets its answer.
+            if tid is not None:
+                self.ep.respond(entry, tid, AcmStatus.SUCCESS)
+            return
         if state is not EntryState.ADDR_RESOLVED:
             return
         if self.route_now(entry, now):
@@ -377,12 +397,61 @@ class Resolver:
             cache.set_state(entry, EntryState.QUERY_ADDR)
         if entry.state is EntryState.QUERY_ADDR:
             # From now on a peer's request or response can complete the address phase.
-            entry.wake = PendingQuery(entry)
+            wake = entry.wake = PendingQuery(entry)
+            if source is not None and self._ask_now(entry, op, source, wake):
+                return op
         elif entry.state is EntryState.ADDR_RESOLVED:
             cache.set_state(entry, EntryState.QUERY_ROUTE)
         if not self.ep.spawn(self._drive, entry, op, source):
             self._end(entry, op, AcmStatus.ENODATA, CLOSED)
         return op
+
+    def _ask_now(
+        self, entry: DestEntry, op: Operation, source: EpAddr, pending: PendingQuery
+    ) -> bool:
+        """The address phase without a task (``AddressFlight``): the ACM request posted in
+        this round. False when it cannot go out at once (no free credit, the endpoint not
+        able to ask): the resolution's task does that phase, waiting as it must."""
+        ep = self.ep
+        timers = ep.timers
+        if not timers.running or not ep.can_ask:
+            return False
+        flight = AddressFlight(self, entry, op, source, pending, ep.resolve_credits)
+        if not flight.credits.try_take(flight):
+            return False
+        flight.launch(timers, trio.current_time())
+        return True
+
+    def address_answered(self, flight: AddressFlight) -> None:
+        """News of the peer ended a flight's address phase (in the round that brought it):
+        the route now when it is known here, else the route phase in a task."""
+        entry, op, pending = flight.entry, flight.op, flight.pending
+        flight.land()
+        if op.finished:
+            return  # ended meanwhile: whatever became of the entry is another's business
+        if pending.status != AcmStatus.SUCCESS:
+            self._end(entry, op, pending.status, pending.reason)
+            return
+        state = entry.state
+        if state is EntryState.READY or self.route_now(entry, trio.current_time()):
+            self._end(entry, op, AcmStatus.SUCCESS)
+            return
+        if state is EntryState.ADDR_RESOLVED:
+            # At once: a peer's request in this round waits for the route (``peer_asked``).
+            self.cache.set_state(entry, EntryState.QUERY_ROUTE)
+        if not self.ep.spawn(self._drive, entry, op, flight.source):
+            self._end(entry, op, AcmStatus.ENODATA, CLOSED)
+
+    def address_timed_out(self, flight: AddressFlight) -> None:
+        flight.land()
+        log.debug("acm request timed out", dest=KeyText(flight.entry.key))
+        self._end(flight.entry, flight.op, AcmStatus.ETIMEDOUT, self._no_answer())
+
+    def _no_answer(self) -> str:
+        return (
+            f"no answer to the ACM request within {self.address_budget:g} s "
+            f"({self.options.retries + 1} transmissions)"
+        )
 
     async def _drive(self, entry: DestEntry, op: Operation, source: EpAddr | None) -> None:
         # What is left if we are cancelled: the endpoint closed.
@@ -462,10 +531,7 @@ class Resolver:
             entry.wake = None
         if not pending.done.is_set():
             log.debug("acm request timed out", dest=KeyText(entry.key))
-            return AcmStatus.ETIMEDOUT, (
-                f"no answer to the ACM request within {self.address_budget:g} s "
-                f"({self.options.retries + 1} transmissions)"
-            )
+            return AcmStatus.ETIMEDOUT, self._no_answer()
         return pending.status, pending.reason
 
     async def _ask(self, entry: DestEntry, source: EpAddr, pending: PendingQuery) -> None:
@@ -484,7 +550,7 @@ class Resolver:
         try:
             for attempt in range(self.options.retries + 1):
                 log.debug("acm request", tid=tid, attempt=attempt)
-                if not await ep.send_request(mad):
+                if not ep.post_request(mad):
                     return  # the endpoint closed
                 with trio.move_on_after(self.attempt_wait):
                     await pending.done.wait()
@@ -575,3 +641,109 @@ class Resolver:
         )
         ep.publish_entry(entry)
         entry.poke()
+
+
+class AddressFlight:
+    """An address phase without a task (``Resolver._ask_now``): the ACM request posted in the
+    round that started the resolution, holding a ``resolve_depth`` credit; sent again by the
+    endpoint's timer task (``Timers``) up to ``retries`` times, each after ``attempt_wait``
+    seconds; ended in the round that brings the peer's news (``PendingQuery.on_done``), by
+    the last time-out, or by the operation ending first (``Operation.landing``)."""
+
+    __slots__ = (
+        "credits",
+        "entry",
+        "landed",
+        "mad",
+        "op",
+        "pending",
+        "resolver",
+        "sent",
+        "source",
+        "tid",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        entry: DestEntry,
+        op: Operation,
+        source: EpAddr,
+        pending: PendingQuery,
+        credits: Credits,
+    ) -> None:
+        self.resolver = resolver
+        self.entry = entry
+        self.op = op
+        self.source = source
+        self.pending = pending
+        self.credits = credits
+        """The credits the credit came from (a reload may replace the endpoint's)."""
+        self.tid = 0
+        self.mad = b""
+        self.sent = 0
+        self.timer: Timer | None = None
+        self.landed = False
+
+    def launch(self, timers: Timers, now: float) -> None:
+        resolver = self.resolver
+        ep = resolver.ep
+        entry, source = self.entry, self.source
+        self.tid = ep.next_tid()
+        addr_type, address = key_type(entry.key), key_address(entry.key)
+        self.mad = acm_request(
+            self.tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
+        ).encode()
+        resolver.counters.both(Counter.ADDR_QUERY)
+        ep.outstanding[self.tid] = self.pending
+        self.pending.on_done = self.answered
+        self.op.landing = self.land
+        self.transmit(timers, now)
+
+    def transmit(self, timers: Timers, now: float) -> None:
+        resolver = self.resolver
+        log.debug("acm request", tid=self.tid, attempt=self.sent)
+        self.sent += 1
+        if not resolver.ep.post_request(self.mad):
+            self.close()  # the QP is closed: the endpoint is closing
+            return
+        self.timer = timers.at(now + resolver.attempt_wait, self)
+
+    def answered(self) -> None:
+        if not self.landed:
+            self.resolver.address_answered(self)
+
+    def fire(self, now: float) -> None:
+        """The timer: send again, or give up after ``retries + 1`` transmissions."""
+        if self.landed:
+            return
+        resolver = self.resolver
+        if self.sent <= resolver.options.retries:
+            self.transmit(resolver.ep.timers, now)
+        else:
+            resolver.address_timed_out(self)
+
+    def close(self) -> None:
+        """The endpoint closed (its timer task ended) with the request still out."""
+        if not self.landed:
+            self.land()
+            self.resolver._end(self.entry, self.op, AcmStatus.ENODATA, CLOSED)
+
+    def land(self) -> None:
+        """Over: the timer, the TID and the credit are given up (once)."""
+        if self.landed:
+            return
+        self.landed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        outstanding = self.resolver.ep.outstanding
+        if outstanding.get(self.tid) is self.pending:
+            del outstanding[self.tid]
+        self.credits.give_back(self)
+        pending = self.pending
+        pending.on_done = None
+        if self.entry.wake is pending:
+            self.entry.wake = None
+        if self.op.landing is not None:
+            self.op.landing = None

@@ -1,12 +1,13 @@
 """The traffic of an endpoint's QP: the MADs it receives, the responses and requests it sends.
 
-The receive loop takes MADs in batches (``RECEIVE_BATCH``), hands each to the endpoint's
-``PeerProtocol.receive`` and applies the actions it returns (``apply``) in the same round: a
-response to a peer goes into the response queue, drained by ``send_depth`` senders (at most
-that many in flight; a full queue drops the response, counted); news of a peer wakes the
-resolution waiting for it; a learned peer's route goes to the ``Resolver``. ACM requests are
-multicast on group 0 (``send_request``), paced by the ``resolve_depth`` credits
-(``ResolveCredits``) the resolver holds while one is out.
+The receive loop serves the QP (``UdQp.serve``): each batch of MADs (``RECEIVE_BATCH``) goes
+to the endpoint's ``PeerProtocol.receive`` in the round the fabric backend read it, and the
+actions it returns are applied (``apply``) in that round: a response to a peer is posted at
+once (``UdQp.post``; only while every send slot is in flight does it wait in the response
+queue, drained by ``send_depth`` senders; a full queue drops it, counted); news of a peer
+ends the address phase waiting for it; a learned peer's route goes to the ``Resolver``. ACM
+requests are multicast on group 0 (``post_request``), paced by the ``resolve_depth``
+credits (``ResolveCredits``) the resolver holds while one is out.
 
 The endpoint opens and closes the QP (``qp``) and runs these loops in its nursery; the calls
 here are native ones between compiled classes (the protocol, the resolver, the statistics).
@@ -20,7 +21,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, UdQp
+from ibacm.fabric.api import (
+    MULTICAST_QPN,
+    RECEIVE_BATCH,
+    AddressVector,
+    FabricError,
+    SendQueueFull,
+    UdQp,
+)
 from ibacm.log import get_logger
 from ibacm.provider.acmp.counters import EndpointStats
 from ibacm.provider.acmp.entry import DestEntry
@@ -44,9 +52,6 @@ if TYPE_CHECKING:
 
 log = get_logger("ibacm.provider.acmp")
 
-RECEIVE_BATCH = 256
-"""MADs taken from the QP per call: a job start's burst costs one call per batch."""
-
 
 class ResolveCredits:
     """The ``resolve_depth`` credits of an endpoint (behavior.md §13), with a bounded wait.
@@ -63,7 +68,8 @@ class ResolveCredits:
 
     def __init__(self, total: int, max_wait: Callable[[], float], stats: EndpointStats) -> None:
         self._credits = trio.Semaphore(total)
-        self._holders: set[trio.lowlevel.Task] = set()
+        self._holders: set[object] = set()
+        """Tasks, or the requests in flight without one, that hold a credit."""
         self._max_wait = max_wait
         self._stats = stats
 
@@ -85,9 +91,22 @@ class ResolveCredits:
         self._stats.credit_overdrafts += 1
 
     async def __aexit__(self, *exc_info: object) -> None:
-        task = trio.lowlevel.current_task()
-        if task in self._holders:
-            self._holders.discard(task)
+        self.give_back(trio.lowlevel.current_task())
+
+    def try_take(self, holder: object) -> bool:
+        """A credit for ``holder`` if one is free now and nobody waits for one (a request
+        sent without a task: ``resolution.AddressFlight``)."""
+        try:
+            self._credits.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        self._holders.add(holder)
+        return True
+
+    def give_back(self, holder: object) -> None:
+        """Return ``holder``'s credit, if it holds one."""
+        if holder in self._holders:
+            self._holders.discard(holder)
             self._credits.release()
 
 
@@ -114,26 +133,23 @@ class EndpointTraffic:
         self._responses_in, self._responses_out = trio.open_memory_channel[ResponseItem](
             queue_depth
         )
+        self._queued = 0
+        """Responses in the queue: while any wait, later ones queue behind them (in order)."""
 
     # -- in -------------------------------------------------------------------------------
 
     async def receive_loop(self) -> None:
+        """Serve the QP until it closes: its MADs are handled in the round that reads them
+        (``UdQp.serve``), their responses posted from there."""
         qp = self.qp
         assert qp is not None
-        while True:
-            try:
-                batch = await qp.receive_many(RECEIVE_BATCH)
-            except (trio.ClosedResourceError, trio.EndOfChannel):
-                return
-            except FabricError as exc:
-                # A receive completion error costs one buffer, not the endpoint (defect 46).
-                self.stats.send_errors += 1
-                log.debug("receive error", error=str(exc))
-                continue
-            # One clock reading per batch: its MADs share the lifetimes' deadline floats.
-            now = trio.current_time()
-            for received in batch:
-                self.receive_mad(received, now)
+        await qp.serve(self.receive_batch, RECEIVE_BATCH)
+
+    def receive_batch(self, batch: list[ReceivedMad]) -> None:
+        # One clock reading per batch: its MADs share the lifetimes' deadline floats.
+        now = trio.current_time()
+        for received in batch:
+            self.receive_mad(received, now)
 
     def receive_mad(self, received: ReceivedMad, now: float) -> None:
         """One MAD as the receive loop takes it."""
@@ -174,9 +190,9 @@ class EndpointTraffic:
         """Answer a peer's request ``tid`` for our address (``PeerProtocol.response``)."""
         self.apply(self.protocol.response(entry, tid, status), math.nan)
 
-    async def send_request(self, mad: bytes) -> bool:
-        """Multicast an ACM request on group 0; a failed send is counted (the retries go
-        on); False once the QP is closed."""
+    def post_request(self, mad: bytes) -> bool:
+        """Multicast an ACM request on group 0, posted now; a failed post is counted (the
+        retries go on); False once the QP is closed."""
         qp, av = self.qp, self.group0.av
         if qp is None:
             return False
@@ -185,21 +201,39 @@ class EndpointTraffic:
             self.stats.send_errors += 1
             return True
         try:
-            await qp.send(mad, av, MULTICAST_QPN)
+            qp.post(mad, av, MULTICAST_QPN)
         except FabricError as exc:
             self.stats.send_errors += 1
             log.debug("request send failed", error=str(exc))
         return True
 
     def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
+        """Post a response now; when every send slot is in flight it waits in the response
+        queue for a sender (a full queue drops it, counted)."""
+        qp = self.qp
+        if qp is not None and not self._queued:
+            try:
+                qp.post(mad, av, qpn)
+            except SendQueueFull:
+                pass
+            except FabricError as exc:
+                self.stats.send_errors += 1
+                log.debug("response send failed", error=str(exc))
+                return
+            else:
+                self.stats.responses_sent += 1
+                return
         try:
             self._responses_in.send_nowait((mad, av, qpn))
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             self.stats.responses_dropped += 1
+        else:
+            self._queued += 1
 
     async def response_sender(self) -> None:
         """One of ``send_depth`` senders: at most that many responses in flight."""
         async for mad, av, qpn in self._responses_out:
+            self._queued -= 1
             qp = self.qp
             if qp is None:
                 return

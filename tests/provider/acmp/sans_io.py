@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
@@ -19,7 +18,7 @@ import trio
 from ibacm.config.options import Options
 from ibacm.fabric.api import AddressVector, ReceivedMad
 from ibacm.provider.acmp.cache import DestCache
-from ibacm.provider.acmp.counters import EndpointCounters
+from ibacm.provider.acmp.counters import EndpointCounters, EndpointStats
 from ibacm.provider.acmp.entry import DestEntry, PendingQuery
 from ibacm.provider.acmp.groups import GroupSpec, McGroup
 from ibacm.provider.acmp.keys import IP, CacheKey, CacheKeyError, cache_key
@@ -35,6 +34,8 @@ from ibacm.provider.acmp.protocol import (
 )
 from ibacm.provider.acmp.resolution import Resolver
 from ibacm.provider.acmp.routes import SaOutcome, loopback_path, sa_phase_budget
+from ibacm.provider.acmp.timers import Timers
+from ibacm.provider.acmp.traffic import ResolveCredits
 from ibacm.provider.api import Counters
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.mad import McMemberRecord
@@ -68,7 +69,11 @@ class Side:
         self.ready = False
         self.addresses: set[CacheKey] = {cache_key(IP, OUR_IP)}
         self.loopback_local = False
-        self.resolve_credits: AbstractAsyncContextManager[None] = trio.Semaphore(1)
+        self.resolve_credits = ResolveCredits(
+            1, lambda: self.resolver.attempt_wait / 2, EndpointStats()
+        )
+        self.timers = Timers()
+        """Not running unless a test runs it: then requests go out without a task."""
         self.tid = 0x1000
         self.stats: dict[str, int] = {}
         self.requests: list[bytes] = []
@@ -121,7 +126,7 @@ class Side:
     def bulk_route(self, dgid: bytes, dlid: int, now: float) -> PathRecord | None:
         return None
 
-    async def send_request(self, mad: bytes) -> bool:
+    def post_request(self, mad: bytes) -> bool:
         self.requests.append(mad)
         return True
 

@@ -248,3 +248,100 @@ async def test_a_reload_changes_where_routes_come_from_and_their_lifetime() -> N
     entry = side.cache.get(PEER_KEY)
     assert entry is not None and entry.state is EntryState.READY and side.sa_queries == []
     assert entry.route_expiry == now + 420.0
+
+
+# -- the address phase without a task (``AddressFlight``, the endpoint's timer task running) --
+
+
+async def test_with_the_timer_task_running_the_request_goes_out_in_the_round_that_asked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The ACM request is posted before ``begin_address`` returns, no task is started for
+    it, and the answer reaches the client in the receive round (issue 28's first
+    resolution: request read -> MAD posted, MAD in -> reply, without a scheduler pass)."""
+    for theirs in ("answer", "request for us"):
+        side = Side(Options(route_prot=RouteProt.ACM))
+        side.join()
+        answers: list[Answer] = []
+        async with trio.open_nursery() as nursery:
+            side.nursery = nursery
+            nursery.start_soon(side.timers.run)
+            await trio.testing.wait_all_tasks_blocked()
+            tasks = len(nursery.child_tasks)
+            side.resolver.begin_address(SOURCE, DEST, False, answers.append)
+            (sent,) = side.requests  # posted in this round
+            assert len(nursery.child_tasks) == tasks and len(side.timers) == 1
+            tid = AcmMad.decode(sent).tid
+            if theirs == "answer":
+                mad = acm_response(tid, side.group0.mgid).encode()
+            else:  # the peer asks for our address before it answers: both done at once
+                mad = acm_request(1, IP, OUR_IP, IP, PEER_IP, [side.group0.mgid]).encode()
+            side.receive(from_peer(mad))
+            assert len(answers) == 1, theirs  # before any checkpoint
+            assert len(side.timers) == 0 and side.outstanding == {}
+            assert side.resolver.ep.resolve_credits.try_take("next")  # the credit came back
+            nursery.cancel_scope.cancel()
+        (status, path) = answers[0]
+        assert status == AcmStatus.SUCCESS and path is not None and path.dlid == PEER_LID
+        # The peer that asked for our address got its answer in the same round.
+        assert len(side.responses) == (1 if theirs == "request for us" else 0)
+
+
+async def test_an_unanswered_flight_is_sent_again_by_the_timer_task_then_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    side = Side()
+    side.join()
+    answers: list[Answer] = []
+    ended = trio.Event()
+    async with trio.open_nursery() as nursery:
+        side.nursery = nursery
+        nursery.start_soon(side.timers.run)
+        await trio.testing.wait_all_tasks_blocked()
+        started = trio.current_time()
+
+        def done(answer: Answer) -> None:
+            answers.append(answer)
+            ended.set()
+
+        side.resolver.begin_address(SOURCE, DEST, False, done)
+        await ended.wait()
+        took = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert answers == [(AcmStatus.ETIMEDOUT, None)]
+    assert took == side.resolver.address_budget
+    assert len(side.requests) == side.options.retries + 1
+    assert len({AcmMad.decode(mad).tid for mad in side.requests}) == 1  # the same TID each time
+    assert side.failures[-1][1] == AcmStatus.ETIMEDOUT and side.outstanding == {}
+    assert counted(side, Counter.ADDR_QUERY) == 1
+
+
+async def test_a_flight_ends_closed_when_the_timer_task_ends_and_a_busy_credit_takes_a_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    side = Side()
+    side.join()
+    answers: list[Answer] = []
+    async with trio.open_nursery() as nursery:
+        side.nursery = nursery
+        timers = trio.CancelScope()
+
+        async def run_timers() -> None:
+            with timers:
+                await side.timers.run()
+
+        nursery.start_soon(run_timers)
+        await trio.testing.wait_all_tasks_blocked()
+        tasks = len(nursery.child_tasks)
+        side.resolver.begin_address(SOURCE, DEST, False, answers.append)
+        assert len(side.requests) == 1 and len(nursery.child_tasks) == tasks
+        # The only credit is out: the next destination's resolution waits for it in a task.
+        other = EpAddr(0, AddrType.IP, pad_address(AddrType.IP, bytes((10, 0, 0, 9))))
+        side.resolver.begin_address(SOURCE, other, False, answers.append)
+        assert len(side.requests) == 1 and len(nursery.child_tasks) == tasks + 1
+        timers.cancel()  # the endpoint closes
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers[0] == (AcmStatus.ENODATA, None) and side.failures[0][2] == CLOSED
+        # Its credit came back: the waiting resolution sent its request.
+        assert len(side.requests) == 2
+        nursery.cancel_scope.cancel()

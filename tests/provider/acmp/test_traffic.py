@@ -57,7 +57,7 @@ async def test_requests_go_out_on_group_0_until_the_qp_closes(autojump_clock: ob
         mgids = joined_mgids(endpoint.groups)
         request = acm_request(0x77, target.type, target.info, address.type, address.info, mgids)
         mad = request.encode()
-        assert await traffic.send_request(mad) is True
+        assert traffic.post_request(mad) is True
         with trio.fail_after(10):
             # node2 learns us from the request and answers it; nobody here asked (TID 0x77
             # is not outstanding): counted, dropped.
@@ -66,4 +66,4 @@ async def test_requests_go_out_on_group_0_until_the_qp_closes(autojump_clock: ob
         assert peer.stats.requests_received >= 1 and peer.stats.responses_sent >= 1
         assert peer.cache.get(cache_key(address.type, address.info)) is not None
         await endpoint.close()
-        assert traffic.qp is None and await traffic.send_request(mad) is False
+        assert traffic.qp is None and traffic.post_request(mad) is False
