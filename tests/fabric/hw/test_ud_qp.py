@@ -280,7 +280,7 @@ async def test_posts_fill_the_send_queue_and_get_their_slots_back_at_the_complet
         await trio.sleep(0.01)
         assert len(hca.qp.sends) == 2 * SEND_DEPTH  # the send waits for a slot
         hca.complete(hca.qp.sends[SEND_DEPTH].wr_id)
-        await wait_for(lambda: len(hca.qp is not None and hca.qp.sends) == 2 * SEND_DEPTH + 1)
+        await wait_for(lambda: hca.qp is not None and len(hca.qp.sends) == 2 * SEND_DEPTH + 1)
         with pytest.raises(SendQueueFull):
             qp.post(MAD, PEER, 0x60)  # the freed slot went to the waiting send
         hca.complete(hca.qp.sends[-1].wr_id)
@@ -412,7 +412,7 @@ async def test_the_task_that_reads_a_mad_runs_the_handler_and_its_reply_is_poste
         assert hca.qp is not None
         hca.deliver(0, bytes(8) + PEER_GID + bytes(16), MAD, slid=9, src_qp=0x77)
         hca.complete(hca.qp.sends[0].wr_id)  # the same poll completes the send
-        await wait_for(lambda: len(hca.qp is not None and hca.qp.sends) == 2)
+        await wait_for(lambda: hca.qp is not None and len(hca.qp.sends) == 2)
         assert ran_in == sender_task
         reply = hca.qp.sends[1]
         assert reply.ud is not None and reply.ud[1] == 0x77
