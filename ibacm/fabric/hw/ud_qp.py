@@ -163,6 +163,8 @@ class HwUdQp(UdQp):
         self._sends[self._post_slot(mad, av, remote_qpn)].abandoned = True
 
     async def serve(self, handler: MadHandler, limit: int = RECEIVE_BATCH) -> None:
+        """``UdQp.serve``; one handler at a time (``trio.BusyResourceError``). A failure of
+        the CQ itself is raised (``FabricError``): the QP cannot receive any more."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         if self._handler is not None:
