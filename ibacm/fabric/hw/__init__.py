@@ -13,5 +13,6 @@
   where there is no verbs device.
 * ``ipmon`` / ``rtnetlink``: IPoIB addresses enumerated and followed through rtnetlink.
 * ``poller``: waiters taking turns to drive a shared event source, so the backend needs no
-  background task of its own.
+  background task of its own (a UD QP's ``serve`` is such a waiter: its handler runs in the
+  round that read the MADs, whichever waiter drove it).
 """

@@ -5,9 +5,12 @@ CQ for sends and receives bound to a completion channel, ``recv_depth`` receive 
 296 bytes (40-byte GRH area + MAD) re-posted after every completion — also after an error
 completion, so errors cannot wedge the endpoint (C defect 46) — and a GRH on every send.
 
-Completions are driven by whichever task waits (``TurnPoller``): it waits for the completion
-channel's fd with ``trio.lowlevel.wait_readable``, then acknowledges the event, re-arms the CQ
-and polls it empty, handing send completions to their senders and received MADs to a queue.
+Completions are driven by whichever task waits (``TurnPoller``: a ``send``, a receiver or
+``serve``): it waits for the completion channel's fd with ``trio.lowlevel.wait_readable``, then
+acknowledges the event, re-arms the CQ and polls it empty. Send completions go to their
+waiting ``send``, or release the slot of a ``post`` (an error status is logged and counted);
+the received MADs of each poll go to the ``serve`` handler in that same round (issue 28: no
+scheduler pass between a MAD in and the MAD it causes), or to a queue for ``receive_many``.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ import trio
 from ibacm.fabric.api import (
     ACM_QKEY,
     MAD_SIZE,
+    RECEIVE_BATCH,
     AddressVector,
     FabricError,
+    MadHandler,
     ReceivedMad,
+    SendQueueFull,
     UdQp,
+    deliver_batch,
 )
 from ibacm.fabric.hw import verbs_attrs as attrs
 from ibacm.fabric.hw.poller import TurnPoller
@@ -61,6 +68,8 @@ class _Send:
     slot: int
     status: int | None = None
     abandoned: bool = False
+    """Nobody waits for its completion (a ``post``, or a cancelled ``send``): the completion
+    step releases the slot and counts an error status."""
 
 
 class HwUdQp(UdQp):
@@ -77,6 +86,9 @@ class HwUdQp(UdQp):
         self._sends: dict[int, _Send] = {}
         self._received: deque[ReceivedMad] = deque()
         self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
+        self._handler: MadHandler | None = None
+        self._handler_limit = RECEIVE_BATCH
+        self.completion_errors = 0
         self.dropped = 0
         """Received MADs dropped because nobody consumed the queue fast enough."""
         try:
@@ -117,23 +129,15 @@ class HwUdQp(UdQp):
         return qpn
 
     async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
-        if len(mad) != MAD_SIZE:
-            raise FabricError(f"a MAD is {MAD_SIZE} bytes, got {len(mad)}")
+        self._check_mad(mad)
         self._require_open()
         try:
             self._send_credits.acquire_nowait()  # a free slot: no trip through the scheduler
         except trio.WouldBlock:
             await self._send_credits.acquire()
-        slot = self._free_slots.pop()
-        wr_id = SEND_WR_BASE + slot
-        try:
-            self._post_send(slot, wr_id, mad, av, remote_qpn)
-        except BaseException as exc:
-            self._release(slot)
-            if isinstance(exc, self._res.pv.Error):
-                raise FabricError(f"cannot post a send on UD QP {self.qpn:#x}: {exc}") from exc
-            raise
-        record = self._sends[wr_id] = _Send(slot)
+        wr_id = self._post_slot(mad, av, remote_qpn)
+        record = self._sends[wr_id]
+        slot = record.slot
         try:
             await self._poller.wait_until(lambda: record.status is not None)
         finally:
@@ -145,6 +149,35 @@ class HwUdQp(UdQp):
                 self._release(slot)
         if record.status != self._res.pv.enums.IBV_WC_SUCCESS:
             raise FabricError(f"send completion error: status {record.status}")
+
+    def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        self._check_mad(mad)
+        if self._poller.closed:
+            raise FabricError(f"UD QP {self.qpn:#x} is closed")
+        try:
+            self._send_credits.acquire_nowait()
+        except trio.WouldBlock:
+            raise SendQueueFull(
+                f"UD QP {self.qpn:#x}: all {SEND_DEPTH} send slots are in flight"
+            ) from None
+        self._sends[self._post_slot(mad, av, remote_qpn)].abandoned = True
+
+    async def serve(self, handler: MadHandler, limit: int = RECEIVE_BATCH) -> None:
+        """``UdQp.serve``; one handler at a time (``trio.BusyResourceError``). A failure of
+        the CQ itself is raised (``FabricError``): the QP cannot receive any more."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if self._handler is not None:
+            raise trio.BusyResourceError(f"UD QP {self.qpn:#x} is already served")
+        self._handler, self._handler_limit = handler, limit
+        try:
+            self._hand_over()  # what receive_many had not taken yet comes first
+            # Never satisfied: this task takes its turns driving the CQ until the QP closes.
+            await self._poller.wait_until(lambda: False)
+        except trio.ClosedResourceError:
+            return
+        finally:
+            self._handler = None
 
     async def receive(self) -> ReceivedMad:
         return (await self.receive_many(1))[0]
@@ -176,12 +209,33 @@ class HwUdQp(UdQp):
         if self._poller.closed:
             raise trio.ClosedResourceError(f"UD QP {self.qpn:#x} is closed")
 
+    def _check_mad(self, mad: bytes) -> None:
+        if len(mad) != MAD_SIZE:
+            raise FabricError(f"a MAD is {MAD_SIZE} bytes, got {len(mad)}")
+
+    def _post_slot(self, mad: bytes, av: AddressVector, remote_qpn: int) -> int:
+        """Post ``mad`` in a free slot (its credit already taken); the record's wr_id."""
+        slot = self._free_slots.pop()
+        wr_id = SEND_WR_BASE + slot
+        try:
+            self._post_send(slot, wr_id, mad, av, remote_qpn)
+        except BaseException as exc:
+            self._release(slot)
+            if isinstance(exc, self._res.pv.Error):
+                raise FabricError(f"cannot post a send on UD QP {self.qpn:#x}: {exc}") from exc
+            raise
+        self._sends[wr_id] = _Send(slot)
+        return wr_id
+
     def _destroy(self) -> None:
+        # Sends still owned by the HCA die with the QP: no completion will come for them.
+        self._sends.clear()
+        while self._closing:
+            self._closing.pop().close()
+        # After the QP: sends still posted to it may use them.
         for ah in self._ahs.values():
             ah.close()
         self._ahs.clear()
-        while self._closing:
-            self._closing.pop().close()
 
     def _release(self, slot: int) -> None:
         self._free_slots.append(slot)
@@ -230,6 +284,7 @@ class HwUdQp(UdQp):
                 count, completions = self._cq.poll(POLL_BATCH)
                 for wc in completions[:count]:
                     self._completion(wc)
+                self._hand_over()
                 if count < POLL_BATCH:
                     return
         except self._res.pv.Error as exc:
@@ -250,6 +305,9 @@ class HwUdQp(UdQp):
         if record.abandoned:
             del self._sends[wc.wr_id]
             self._release(record.slot)
+            if wc.status != self._res.pv.enums.IBV_WC_SUCCESS:
+                self.completion_errors += 1
+                log.debug("send completion error", status=wc.status, qpn=self.qpn)
 
     def _recv_completed(self, wc: Any) -> None:
         slot = wc.wr_id
@@ -270,6 +328,14 @@ class HwUdQp(UdQp):
             log.warning("receive completion error", status=wc.status, qpn=self.qpn)
         if not self._poller.closed:
             self._post_recv(slot)
+
+    def _hand_over(self) -> None:
+        """Queued MADs to the ``serve`` handler, if one is set, in batches of its limit."""
+        queue, handler = self._received, self._handler
+        while queue and handler is not None and not self._poller.closed:
+            deliver_batch(
+                handler, [queue.popleft() for _ in range(min(self._handler_limit, len(queue)))]
+            )
 
     def _queue(self, mad: ReceivedMad | None) -> None:
         if mad is None:

@@ -16,8 +16,8 @@ What differs from a verbs port:
 * There are no async events: ports are re-read every ``poll_interval`` seconds and changes
   are reported as the events a verbs device would have sent (``port_changes``).
 * ``open_ud`` returns a ``NoDataPathQp``: multicast attach/detach are recorded (the group
-  membership itself is real, at the SA), sends fail with ``FabricError`` saying why, and
-  nothing is ever received.
+  membership itself is real, at the SA), sends and posts fail with ``FabricError`` saying
+  why, and nothing is ever received (``serve`` returns when the QP is closed).
 """
 
 from __future__ import annotations
@@ -122,7 +122,13 @@ class NoDataPathQp(UdQp):
 
     async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
         self._check_open()
-        raise FabricError(
+        raise self._no_data_path()
+
+    def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        raise self._no_data_path()
+
+    def _no_data_path(self) -> FabricError:
+        return FabricError(
             f"port {self._port_num} is umad-only (no verbs device): it has no UD data path, "
             "so ACM MADs cannot be sent; resolve through preloaded addresses and the SA"
         )

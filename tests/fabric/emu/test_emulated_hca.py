@@ -10,6 +10,8 @@ import contextlib
 import errno
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +26,7 @@ import trio
 
 from ibacm.fabric.emu import protocol as ep
 from ibacm.fabric.emu.build import HERE, ensure_library
+from ibacm.fabric.hw.ud_qp import SEND_DEPTH
 from ibacm.fabric.sim.hub import hub_call
 from ibacm.fabric.sim.topo_file import Host, Topology, generate
 from tests.conftest import require_file, require_peer
@@ -593,3 +596,212 @@ def test_posts_to_a_device_that_is_gone_fail_as_verbs_report_it(fabric: Fabric) 
         "recv": [errno.EPIPE, 42],
         "arm": [errno.EPIPE, None],
     }
+
+
+# -- the hw backend's post and serve (issue 28) through Debian's pyverbs ----------------------
+
+UD_PROGRAM = """
+import json, sys, time
+import structlog, trio
+from ibacm.fabric.api import AddressVector, SendQueueFull
+from ibacm.fabric.hw.fabric import HwFabric
+from ibacm.fabric.hw.ud_qp import SEND_DEPTH
+
+BAD = 0xEE  # byte 16 of a MAD the responder's handler refuses (it raises)
+
+
+def say(**values):
+    print(json.dumps(values), flush=True)
+
+
+async def word():
+    # The test's next word: one line at a time, each after this program's last answer.
+    await trio.lowlevel.wait_readable(sys.stdin.fileno())
+    return sys.stdin.readline().strip()
+
+
+def mad(n, marker=0):
+    return bytes([1, 0x2C, 1, 1]) + bytes(4) + n.to_bytes(8, "big") + bytes([marker]) + bytes(239)
+
+
+async def open_qp():
+    fabric = HwFabric()
+    port = (await fabric.open())[0].port(1)
+    attrs = await port.query()
+    return fabric, attrs, await port.open_ud(0, recv_depth=64)
+
+
+async def responder():
+    fabric, attrs, qp = await open_qp()
+    answered = []
+
+    def answer(batch):
+        refused = 0
+        for got in batch:
+            if got.mad[16] == BAD:
+                refused += 1
+                continue
+            reply = got.mad[:3] + bytes([0x81]) + got.mad[4:]
+            qp.post(reply, AddressVector(dlid=got.slid, dgid=got.sgid), got.src_qp)
+            answered.append(int.from_bytes(got.mad[8:16], "big"))
+        if refused:
+            raise ValueError("a MAD this handler refuses")
+
+    say(lid=attrs.lid, gid=attrs.gids[0].hex(), qpn=qp.qpn)
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            served = trio.Event()
+
+            async def serve():
+                await qp.serve(answer)
+                served.set()
+
+            nursery.start_soon(serve)
+            await word()
+            await qp.aclose()
+            with trio.fail_after(10):
+                await served.wait()
+    failures = [e["event"] for e in logs if e["log_level"] == "error"]
+    say(answered=len(answered), failures=failures, errors=qp.completion_errors)
+    await fabric.aclose()
+
+
+async def initiator(peer):
+    fabric, attrs, qp = await open_qp()
+    av = AddressVector(dlid=peer["lid"], dgid=bytes.fromhex(peer["gid"]))
+    replies = []
+
+    async def replies_reach(count):
+        with trio.fail_after(30):
+            while len(replies) < count:
+                await trio.sleep(0.005)
+
+    def reply_numbers(first, last):
+        return sorted(n for n in replies if first <= n < last) == list(range(first, last))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(qp.serve, lambda batch: replies.extend(
+            int.from_bytes(got.mad[8:16], "big") for got in batch if got.mad[3] == 0x81))
+        qp.post(mad(1000), av, peer["qpn"])  # the address handle exists before the stop
+        await replies_reach(1)
+        say(phase="ready")
+        await word()  # the device process is stopped now: nothing completes
+        slowest, full = 0.0, False
+        for n in range(SEND_DEPTH):
+            started = time.perf_counter()
+            qp.post(mad(n), av, peer["qpn"])
+            slowest = max(slowest, time.perf_counter() - started)
+        try:
+            qp.post(mad(SEND_DEPTH), av, peer["qpn"])
+        except SendQueueFull:
+            full = True
+        say(phase="posted", slowest=slowest, full=full)
+        await word()  # the device runs again: completions and replies come
+        await replies_reach(1 + SEND_DEPTH)
+        for n in range(100, 100 + SEND_DEPTH):  # every slot came back
+            qp.post(mad(n), av, peer["qpn"])
+        await replies_reach(1 + 2 * SEND_DEPTH)
+        say(phase="refilled",
+            ok=reply_numbers(0, SEND_DEPTH) and reply_numbers(100, 100 + SEND_DEPTH))
+        await word()  # this port is down now: a send completes with an error
+        qp.post(mad(200), av, peer["qpn"])
+        with trio.fail_after(30):
+            while qp.completion_errors == 0:
+                await trio.sleep(0.005)
+        say(phase="failed", errors=qp.completion_errors)
+        await word()  # the port is up again: the QP was not wedged
+        qp.post(mad(300, marker=0xEE), av, peer["qpn"])  # its handler raises
+        qp.post(mad(301), av, peer["qpn"])
+        await replies_reach(2 + 2 * SEND_DEPTH)
+        qp.post(mad(302), av, peer["qpn"])
+        await replies_reach(3 + 2 * SEND_DEPTH)
+        await qp.aclose()  # serve returns: the nursery ends
+    say(phase="done", after_down=sorted(n for n in replies if 200 <= n < 1000),
+        errors=qp.completion_errors, total=len(replies))
+    await fabric.aclose()
+
+
+if sys.argv[1] == "responder":
+    trio.run(responder)
+else:
+    trio.run(initiator, json.loads(sys.argv[2]))
+"""
+
+
+class Conversation:
+    """A program on a node of the emulated fabric, spoken to one line at a time."""
+
+    def __init__(self, fabric: Fabric, node: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", UD_PROGRAM, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=fabric.env(node),
+        )
+
+    def answer(self, word: str | None = None, timeout: float = 60) -> dict[str, Any]:
+        """Send ``word`` (if any); the program's next line, or fail with what it said."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if word is not None:
+            self.proc.stdin.write(word + "\n")
+            self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            pytest.fail(f"no answer within {timeout} s: {self.proc.communicate()[1]}")
+        line = self.proc.stdout.readline()
+        if not line:
+            pytest.fail(f"the program ended: {self.proc.communicate()[1]}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def finish(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+def test_hw_qp_posts_and_serves_through_pyverbs(fabric: Fabric) -> None:
+    """Our UD QP (``HwUdQp`` through Debian's pyverbs) on both nodes: node2 serves, its
+    handler posting a reply to each MAD; node1 posts and serves the replies.
+
+    With node1's device process stopped (nothing is read from the program's socket, nothing
+    completes) SEND_DEPTH posts in a row still return and the next one is SendQueueFull: the
+    trio thread never blocks on the device. Once the device runs again every MAD is answered
+    and every slot comes back. A send on a down port completes with an error that is counted,
+    and the QP goes on; a handler that raises is logged and the next MADs are still served;
+    serve returns on both sides when their QP is closed."""
+    responder = Conversation(fabric, "node2", "responder")
+    initiator: Conversation | None = None
+    try:
+        peer = responder.answer()
+        initiator = Conversation(fabric, "node1", "initiator", json.dumps(peer))
+        assert initiator.answer() == {"phase": "ready"}
+        device = fabric.devices["node1"]
+        device.send_signal(signal.SIGSTOP)
+        try:
+            posted = initiator.answer("go")
+        finally:
+            device.send_signal(signal.SIGCONT)
+        assert posted["phase"] == "posted" and posted["full"] is True
+        assert initiator.answer("go") == {"phase": "refilled", "ok": True}
+        target = {"node": "node1", "device": "mlx5_0", "port": 1}
+        fabric.hub({"op": "port", **target, "up": False})
+        assert initiator.answer("go") == {"phase": "failed", "errors": 1}
+        fabric.hub({"op": "port", **target, "up": True})
+        done = initiator.answer("go")
+        # 200 was lost on the down port, 300 refused by the handler.
+        total = 1 + 2 * SEND_DEPTH + 2
+        assert done == {"phase": "done", "after_down": [301, 302], "errors": 1, "total": total}
+        served = responder.answer("quit")
+        assert served == {
+            "answered": total,
+            "failures": ["received MADs could not be handled; dropped"],
+            "errors": 0,
+        }
+    finally:
+        responder.finish()
+        if initiator is not None:
+            initiator.finish()

@@ -191,6 +191,8 @@ class QP(Closable):
         self.recvs.append(wr)
 
     def post_send(self, wr: SendWR, bad_wr: Any = None) -> None:
+        if self.hca.fail_send:
+            raise FakeError("Failed to post send")
         self.sends.append(wr)
 
 
@@ -303,6 +305,7 @@ class FakeHca:
         self.mr: MR | None = None
         self.qp: QP | None = None
         self.fail_qp = False
+        self.fail_send = False
         self.ports = [PortState()]
         self.node_guid_native = int.from_bytes((0x0002C90300010000).to_bytes(8, "big"), "little")
         self.async_reader, self.async_writer = socket.socketpair()

@@ -17,6 +17,7 @@ from ibacm.fabric.api import (
     PortEvent,
     PortEventType,
     PortState,
+    ReceivedMad,
     SaDestination,
     SaSendError,
 )
@@ -204,6 +205,9 @@ async def test_umad_only_qp_has_no_data_path_but_keeps_group_membership() -> Non
     assert qp.groups == {(bytes(16), 0xC001)}
     with pytest.raises(FabricError, match=r"umad-only .* no UD data path"):
         await qp.send(bytes(256), SimpleNamespace(), 0xFFFFFF)  # type: ignore[arg-type]
+    with pytest.raises(FabricError, match=r"umad-only .* no UD data path"):
+        qp.post(bytes(256), SimpleNamespace(), 0xFFFFFF)  # type: ignore[arg-type]
+    served: list[list[ReceivedMad]] = []
     async with trio.open_nursery() as nursery:
 
         async def receiver() -> None:
@@ -211,8 +215,10 @@ async def test_umad_only_qp_has_no_data_path_but_keeps_group_membership() -> Non
                 await qp.receive()
 
         nursery.start_soon(receiver)
+        nursery.start_soon(qp.serve, served.append)  # returns once the QP is closed
         await trio.sleep(0.01)
         await qp.aclose()
+    assert served == []
 
 
 # -- HwFabric.open() -------------------------------------------------------------------------

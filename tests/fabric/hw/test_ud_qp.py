@@ -1,18 +1,29 @@
 """The UD QP's completion handling, on a fake HCA (the real calls need hardware).
 
 What a user of the QP would notice: sends return at their completion and report errors;
-received MADs come with the GRH source; every buffer is re-posted (also after an error,
-C defect 46); closing wakes a blocked receiver; multicast attach reaches libibverbs.
+posts return at once and get their slot back at the completion (errors counted); ``serve``
+hands received MADs to its handler from whichever task read them; received MADs come with the
+GRH source; every buffer is re-posted (also after an error, C defect 46); closing wakes a
+blocked receiver; multicast attach reaches libibverbs.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import pytest
+import structlog
 import trio
 
-from ibacm.fabric.api import ACM_QKEY, MULTICAST_QPN, AddressVector, FabricError
+from ibacm.fabric.api import (
+    ACM_QKEY,
+    MULTICAST_QPN,
+    AddressVector,
+    FabricError,
+    ReceivedMad,
+    SendQueueFull,
+)
 from ibacm.fabric.hw.ud_qp import SEND_DEPTH, SEND_WR_BASE, HwUdQp, QpResources
 from ibacm.fabric.hw.verbs_handles import LibVerbs, VerbsHandles
 from tests.fabric.hw.fake_verbs import ENUMS, FakeHandles, FakeHca, FakeLibVerbs
@@ -223,3 +234,213 @@ def test_a_failed_creation_releases_what_was_created() -> None:
     with pytest.raises(FabricError, match="cannot create the UD QP on port 1: Failed to create QP"):
         open_qp(hca)
     assert hca.closed == ["MR", "CQ", "CompChannel"]
+
+
+# -- post and serve (issue 28) ----------------------------------------------------------------
+
+PEER = AddressVector(dlid=5, dgid=PEER_GID)
+
+
+def numbered(n: int) -> bytes:
+    return MAD[:8] + n.to_bytes(8, "big") + MAD[16:]
+
+
+@pytest.mark.trio
+async def test_posts_fill_the_send_queue_and_get_their_slots_back_at_the_completions() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    assert hca.qp is not None and hca.mr is not None
+    for n in range(SEND_DEPTH):
+        qp.post(numbered(n), PEER, 0x60)  # no await: each is on the wire when post returns
+    sends = list(hca.qp.sends)
+    assert len(sends) == SEND_DEPTH
+    assert [hca.mr.read(256, wr.sg[0].addr - hca.mr.buf) for wr in sends] == [
+        numbered(n) for n in range(SEND_DEPTH)
+    ]
+    with pytest.raises(SendQueueFull, match=f"all {SEND_DEPTH} send slots are in flight"):
+        qp.post(MAD, PEER, 0x60)
+    assert len(hca.qp.sends) == SEND_DEPTH  # the refused one never reached the HCA
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(qp.serve, lambda batch: None)
+        for wr in sends:
+            hca.complete(wr.wr_id)
+        await wait_for(lambda: qp._send_credits.value == SEND_DEPTH)
+        assert sorted(qp._free_slots) == list(range(SEND_DEPTH))
+        qp.post(MAD, PEER, 0x60)  # the queue has room again
+        # A send waiting for a slot gets the next one a post gives back, not a later post.
+        for _ in range(SEND_DEPTH - 1):
+            qp.post(MAD, PEER, 0x60)
+        waiter = trio.Event()
+
+        async def send_when_a_slot_frees() -> None:
+            await qp.send(numbered(99), PEER, 0x60)
+            waiter.set()
+
+        nursery.start_soon(send_when_a_slot_frees)
+        await trio.sleep(0.01)
+        assert len(hca.qp.sends) == 2 * SEND_DEPTH  # the send waits for a slot
+        hca.complete(hca.qp.sends[SEND_DEPTH].wr_id)
+        await wait_for(lambda: hca.qp is not None and len(hca.qp.sends) == 2 * SEND_DEPTH + 1)
+        with pytest.raises(SendQueueFull):
+            qp.post(MAD, PEER, 0x60)  # the freed slot went to the waiting send
+        hca.complete(hca.qp.sends[-1].wr_id)
+        with trio.fail_after(2):
+            await waiter.wait()
+        for wr in hca.qp.sends[SEND_DEPTH + 1 : 2 * SEND_DEPTH]:
+            hca.complete(wr.wr_id)
+        await wait_for(lambda: qp._send_credits.value == SEND_DEPTH)
+        assert sorted(qp._free_slots) == list(range(SEND_DEPTH))
+        assert qp.completion_errors == 0
+        await qp.aclose()
+
+
+@pytest.mark.trio
+async def test_a_post_completion_error_is_counted_and_does_not_wedge_the_qp() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    gate = logging.getLogger("ibacm.fabric.hw.qp")
+    level = gate.level
+    gate.setLevel(logging.DEBUG)
+    got: list[ReceivedMad] = []
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(qp.serve, got.extend)
+                qp.post(MAD, PEER, 0x60)
+                assert hca.qp is not None
+                hca.complete(hca.qp.sends[0].wr_id, status=ENUMS.IBV_WC_GENERAL_ERR)
+                await wait_for(lambda: qp.completion_errors == 1)
+                assert qp._send_credits.value == SEND_DEPTH
+                # The QP goes on: the next post completes and a MAD still arrives.
+                qp.post(MAD, PEER, 0x60)
+                hca.complete(hca.qp.sends[1].wr_id)
+                hca.deliver(0, bytes(8) + PEER_GID + bytes(16), MAD, slid=7, src_qp=1)
+                await wait_for(lambda: got)
+                assert qp._send_credits.value == SEND_DEPTH and qp.completion_errors == 1
+                await qp.aclose()
+    finally:
+        gate.setLevel(level)
+    assert [got_mad.slid for got_mad in got] == [7]
+    errors = [e for e in logs if e["event"] == "send completion error"]
+    assert [(e["log_level"], e["status"]) for e in errors] == [("debug", ENUMS.IBV_WC_GENERAL_ERR)]
+
+
+@pytest.mark.trio
+async def test_a_post_the_hca_refuses_is_a_fabric_error_and_frees_its_slot() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    hca.fail_send = True
+    with pytest.raises(FabricError, match="cannot post a send on UD QP 0x48: Failed to post send"):
+        qp.post(MAD, PEER, 0x60)
+    with pytest.raises(FabricError, match="a MAD is 256 bytes"):
+        qp.post(MAD[:100], PEER, 0x60)
+    assert qp._send_credits.value == SEND_DEPTH and len(qp._free_slots) == SEND_DEPTH
+    hca.fail_send = False
+    for _ in range(SEND_DEPTH):
+        qp.post(MAD, PEER, 0x60)  # every slot is still there
+    with pytest.raises(SendQueueFull):
+        qp.post(MAD, PEER, 0x60)
+    await qp.aclose()
+
+
+@pytest.mark.trio
+async def test_posts_still_in_flight_at_close_neither_leak_nor_crash() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    for _ in range(3):
+        qp.post(MAD, PEER, 0x60)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(qp.serve, lambda batch: None)
+        await trio.sleep(0.01)
+        await qp.aclose()  # no completion ever came for them
+    # The address handle the posts use goes after the QP that still holds them.
+    assert hca.closed == ["QP", "MR", "CQ", "CompChannel", "AH"]
+    assert qp._sends == {}
+    with pytest.raises(FabricError, match="UD QP 0x48 is closed"):
+        qp.post(MAD, PEER, 0x60)
+
+
+@pytest.mark.trio
+async def test_serve_hands_each_poll_to_the_handler_queued_mads_first() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca, recv_depth=8)
+    grh = bytes(8) + PEER_GID + bytes(16)
+    hca.deliver(0, grh, MAD, slid=1, src_qp=1)
+    assert (await qp.receive()).slid == 1
+    hca.deliver(1, grh, MAD, slid=2, src_qp=1)
+    hca.deliver(2, grh, MAD, slid=3, src_qp=1)
+    assert [m.slid for m in await qp.receive_many(1)] == [2]  # slid 3 stays queued
+    calls: list[list[int]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(qp.serve, lambda batch: calls.append([m.slid for m in batch]), 2)
+        await wait_for(lambda: calls)
+        assert calls == [[3]]  # what was queued before serve started comes first
+        for slot, slid in ((3, 4), (4, 5), (5, 6)):  # one poll, cut to the limit of 2
+            hca.deliver(slot, grh, MAD, slid=slid, src_qp=1)
+        await wait_for(lambda: len(calls) == 3)
+        with pytest.raises(trio.BusyResourceError):
+            await qp.serve(lambda batch: None)  # one handler at a time
+        await qp.aclose()  # serve returns: the nursery closes
+    assert calls == [[3], [4, 5], [6]]
+    assert qp._handler is None
+
+
+@pytest.mark.trio
+async def test_the_task_that_reads_a_mad_runs_the_handler_and_its_reply_is_posted_then() -> None:
+    """Whichever task drives the CQ (here a send waiting for its completion) hands the MAD
+    to the serve handler in the round that read it, and the handler's post goes out before
+    that task yields: no wake-up of the serving task between the MAD in and the reply."""
+    hca = FakeHca()
+    qp = open_qp(hca)
+    ran_in: list[Any] = []
+    sender_task: list[Any] = []
+
+    def answer(batch: list[ReceivedMad]) -> None:
+        ran_in.append(trio.lowlevel.current_task())
+        for got in batch:
+            qp.post(numbered(got.slid), AddressVector(dlid=got.slid, dgid=got.sgid), got.src_qp)
+
+    async def sender() -> None:
+        sender_task.append(trio.lowlevel.current_task())
+        await qp.send(MAD, PEER, 0x60)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        await trio.sleep(0.01)  # the sender now drives the CQ
+        nursery.start_soon(qp.serve, answer)
+        await trio.sleep(0.01)
+        assert hca.qp is not None
+        hca.deliver(0, bytes(8) + PEER_GID + bytes(16), MAD, slid=9, src_qp=0x77)
+        hca.complete(hca.qp.sends[0].wr_id)  # the same poll completes the send
+        await wait_for(lambda: hca.qp is not None and len(hca.qp.sends) == 2)
+        assert ran_in == sender_task
+        reply = hca.qp.sends[1]
+        assert reply.ud is not None and reply.ud[1] == 0x77
+        assert hca.mr is not None and hca.mr.read(256, reply.sg[0].addr - hca.mr.buf) == numbered(9)
+        await qp.aclose()
+
+
+@pytest.mark.trio
+async def test_a_handler_that_raises_is_logged_and_the_next_mads_still_arrive() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    grh = bytes(8) + PEER_GID + bytes(16)
+    seen: list[int] = []
+
+    def handler(batch: list[ReceivedMad]) -> None:
+        seen.extend(m.slid for m in batch)
+        if batch[0].slid == 1:
+            raise ValueError("a bad MAD")
+
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(qp.serve, handler)
+            hca.deliver(0, grh, MAD, slid=1, src_qp=1)
+            await wait_for(lambda: seen == [1])
+            hca.deliver(1, grh, MAD, slid=2, src_qp=1)
+            await wait_for(lambda: seen == [1, 2])
+            await qp.aclose()
+    failures = [e for e in logs if e["event"] == "received MADs could not be handled; dropped"]
+    assert [(e["log_level"], e["mads"]) for e in failures] == [("error", 1)]
+    assert hca.qp is not None
+    assert [wr.wr_id for wr in hca.qp.recvs[4:]] == [0, 1]  # both buffers went back
