@@ -27,6 +27,7 @@ from ibacm.fabric.api import (
     ReceivedMad,
     SendQueueFull,
 )
+from ibacm.fabric.capture import Direction, MadTrace, SaExchange, TapFabric
 from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.hub import HubFabric, hub_call, serve_hub
 from ibacm.fabric.sim.hub_client import HubUdQp
@@ -298,3 +299,44 @@ def test_post_frames_round_trip() -> None:
         hp.encode_ud_post(1, 1 << 32, av, mad)
     with pytest.raises(hp.HubProtocolError, match="POST_ERROR"):
         hp.decode_post_error(b"ab")
+
+
+@pytest.mark.trio
+async def test_the_tap_over_the_hub_traces_posts_and_counts_their_failures(
+    tmp_path: Path,
+) -> None:
+    async with two_nodes(tmp_path) as (path, _f1, _f2, a, b, _qa, qb):
+        traces: list[MadTrace] = []
+        tap = TapFabric(HubFabric(path, "node1"))
+        tap.add_observer(MadRecorder(traces))
+        port = (await tap.open())[0].port(1)
+        await port.query()
+        tapped = await port.open_ud(0, recv_depth=8)
+        to_b = AddressVector(dlid=b.lid, dgid=b.gid)
+        tapped.post(acm_mad(1, 1), AddressVector(dlid=b.lid, sgid_index=3), qb.qpn)
+        tapped.post(acm_mad(1, 2), to_b, qb.qpn)
+        await tapped.send(acm_mad(1, 3), to_b, qb.qpn)
+        assert tapped.completion_errors == 1  # the hub's POST_ERROR, counted by the inner QP
+        assert await collect(qb, 2) == [2, 3]
+        assert [(t.direction, tag_of_trace(t)) for t in traces] == [
+            (Direction.SENT, 1),
+            (Direction.SENT, 2),
+            (Direction.SENT, 3),
+        ]
+        assert all((t.slid, t.dlid, t.dest_qp) == (a.lid, b.lid, qb.qpn) for t in traces)
+        await tap.aclose()
+
+
+class MadRecorder:
+    def __init__(self, traces: list[MadTrace]) -> None:
+        self.traces = traces
+
+    def on_mad(self, trace: MadTrace) -> None:
+        self.traces.append(trace)
+
+    def on_sa_exchange(self, exchange: SaExchange) -> None:
+        pass
+
+
+def tag_of_trace(trace: MadTrace) -> int:
+    return int.from_bytes(trace.mad[8:16], "big")
