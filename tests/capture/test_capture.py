@@ -434,9 +434,9 @@ async def test_posted_and_served_mads_are_traced(autojump_clock: trio.abc.Clock)
         sent = [t for t in recorder.traces if t.direction is Direction.SENT]
         assert [t.mad for t in received] == requests
         assert [t.mad for t in sent] == responses
-        for request, response in zip(received, sent, strict=True):
+        for came, went in zip(received, sent, strict=True):
             # Traced before the handler saw it: the request precedes the answer it caused.
-            assert recorder.traces.index(request) < recorder.traces.index(response)
+            assert recorder.traces.index(came) < recorder.traces.index(went)
         assert (received[0].slid, received[0].dlid) == (peer_attrs.lid, attrs.lid)
         assert (received[0].src_qp, received[0].dest_qp) == (peer.qpn, tapped.qpn)
         assert (sent[0].slid, sent[0].dlid, sent[0].sgid) == (
