@@ -130,7 +130,7 @@ class _Link:
         while not ready():
             if self.lost is not None or self._pumping:
                 await self._round.wait()
-            elif not await self._pump():
+            elif not await self._pump() and not ready():
                 # It read without a scheduler pass (the MADs went to their handlers at
                 # once); a flood must still let other tasks run between reads.
                 await trio.lowlevel.checkpoint()
@@ -156,6 +156,7 @@ class _Link:
             with trio.CancelScope() as scope:
                 self._reading = scope
                 await trio.lowlevel.wait_readable(self._fd)
+            self._reading = None
             if not scope.cancelled_caught:
                 # Read and handled in the round that woke up: a MAD in and the MAD a
                 # handler posts for it need no scheduler pass between them (issue 28).
