@@ -29,7 +29,7 @@ from ibacm.fabric.api import (
 )
 from ibacm.fabric.capture import Direction, MadTrace, SaExchange, TapFabric
 from ibacm.fabric.sim import hub_protocol as hp
-from ibacm.fabric.sim.hub import HubFabric, hub_call, serve_hub
+from ibacm.fabric.sim.hub import DATA_QUEUE_LIMIT, HubFabric, hub_call, serve_hub
 from ibacm.fabric.sim.hub_client import HubUdQp
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
@@ -340,3 +340,24 @@ class MadRecorder:
 
 def tag_of_trace(trace: MadTrace) -> int:
     return int.from_bytes(trace.mad[8:16], "big")
+
+
+@pytest.mark.trio
+async def test_a_client_that_posts_bad_mads_and_never_reads_cannot_grow_the_hub(
+    tmp_path: Path,
+) -> None:
+    world = SimWorld(generate(1))
+    async with running(world), trio.open_nursery() as nursery:
+        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
+        stream = await trio.open_unix_socket(path)
+        await stream.send_all(hp.encode_call(1, {"op": "hello", "version": hp.PROTOCOL_VERSION}))
+        bad = hp.encode_ud_post(7, 0x100, AddressVector(dlid=1), acm_mad(1, 1)) * 1000
+        with trio.fail_after(120):
+            for _ in range(DATA_QUEUE_LIMIT // 1000 + 10):
+                await stream.send_all(bad)  # and never a read
+            while world.stats["post_error_dropped"] == 0:
+                await trio.sleep(0.01)
+        stats = await hub_call(path, {"op": "stats"})
+        assert stats["stats"]["post_error_dropped"] > 0
+        await stream.aclose()
+        nursery.cancel_scope.cancel()

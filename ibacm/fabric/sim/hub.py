@@ -4,7 +4,9 @@
 ``HubFabric(path, node_name)`` (``hub_client.py``, re-exported here) and reaches the world
 through it: UD sends/receives, SA MADs, port queries, events and IP addresses (framing in
 ``hub_protocol``). The hub never blocks the fabric on a slow client: UD MADs for a client that
-stops reading are dropped once its queue is full, as an RNR drop would. Control clients
+stops reading are dropped once its queue is full, as an RNR drop would, and so are the
+POST_ERROR answers to its failed posts once that many control frames wait (counted in the
+``post_error_dropped`` stat). Control clients
 (``ibacm-sim fault ...``, ``hub_call``) change faults, flap ports, move the SM and so on.
 
 ``python -m ibacm.fabric.sim.hub --dir DIR ...`` runs a hub as its own process (what
@@ -185,8 +187,12 @@ class _Session:
         try:
             self._ud_transmit(handle, remote_qpn, av, mad)
         except FabricError as exc:
-            # Not droppable: each one is a completion error the client counts.
-            self.push(hp.encode_post_error(handle, str(exc)))
+            # Not with the droppable MADs: each one is a completion error the client counts.
+            # Only a client that posts bad MADs and stops reading meets the bound.
+            if len(self.control) < DATA_QUEUE_LIMIT:
+                self.push(hp.encode_post_error(handle, str(exc)))
+            else:
+                self.world.stats["post_error_dropped"] += 1
 
     def _ud_send(self, body: bytes) -> None:
         call_id, handle, remote_qpn, av, mad = hp.decode_ud_send(body)
