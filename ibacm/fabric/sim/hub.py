@@ -6,8 +6,8 @@ through it: UD sends/receives, SA MADs, port queries, events and IP addresses (f
 ``hub_protocol``). The hub never blocks the fabric on a slow client: UD MADs for a client that
 stops reading are dropped once its queue is full, as an RNR drop would, and so are the
 POST_ERROR answers to its failed posts once that many control frames wait (counted in the
-``post_error_dropped`` stat). Control clients
-(``ibacm-sim fault ...``, ``hub_call``) change faults, flap ports, move the SM and so on.
+``post_error_dropped`` stat). Control clients (``ibacm-sim fault ...``, ``hub_call``) change
+faults, flap ports, move the SM and so on.
 
 ``python -m ibacm.fabric.sim.hub --dir DIR ...`` runs a hub as its own process (what
 ``ibacm-sim up`` starts): it writes DIR/topology.json and DIR/hub.pid, serves DIR/hub.sock,
