@@ -8,10 +8,13 @@ ports to the registered observers, with the addressing the wrapped calls know:
   shown as its segments). The umad layer's retransmissions happen below the interface, so a
   request appears once, and its upper TID bits are as the daemon gave them (the kernel's
   agent number is only visible in the answer);
-* ACM MADs (``UdQp.send``/``receive``): LIDs and QPNs from the address vector or the work
-  completion, P_Key of the QP, Q_Key 0x80010000 and always a GRH (ACM always sends one). A
-  received GRH's traffic class, flow label and hop limit are not reported by the receive
-  path and show as 0; a multicast arrival shows the MLID the QP attached with.
+* ACM MADs (``UdQp.send``/``post``, ``receive``/``serve``): LIDs and QPNs from the address
+  vector or the work completion, P_Key of the QP, Q_Key 0x80010000 and always a GRH (ACM
+  always sends one). A received GRH's traffic class, flow label and hop limit are not
+  reported by the receive path and show as 0; a multicast arrival shows the MLID the QP
+  attached with. A posted MAD (which cannot wait for a port query) and a served one are
+  traced with the port attributes last queried; a served MAD is traced before the handler
+  sees it, so it precedes the MAD posted in answer.
 
 With no observer the tap costs one attribute test per MAD. ``CaptureControl`` is an observer
 that writes the MADs to a pcap file of ERF type-21 records (``ibacm.wire.erf``) that tshark and
@@ -40,6 +43,7 @@ from ibacm.fabric.api import (
     ACM_QKEY,
     MAD_SIZE,
     MULTICAST_QPN,
+    RECEIVE_BATCH,
     SA_QPN,
     AddressVector,
     Device,
@@ -47,6 +51,7 @@ from ibacm.fabric.api import (
     FabricError,
     InterfaceAddress,
     IpEvent,
+    MadHandler,
     Port,
     PortAttributes,
     PortEvent,
@@ -444,6 +449,14 @@ class TapUdQp(UdQp):
     def qpn(self) -> int:
         return self.inner.qpn
 
+    @property
+    def completion_errors(self) -> int:
+        return self.inner.completion_errors
+
+    @completion_errors.setter
+    def completion_errors(self, value: int) -> None:
+        self.inner.completion_errors = value
+
     async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
         tap = self.port.tap
         if not tap.observers:
@@ -452,11 +465,23 @@ class TapUdQp(UdQp):
         attrs = await self.port.known_attrs()
         await self.inner.send(mad, av, remote_qpn)
         # Nothing may be awaited from here on: the MAD is on the wire.
+        tap.emit(self._sent_trace(attrs, mad, av, remote_qpn))
+
+    def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        self.inner.post(mad, av, remote_qpn)
+        tap = self.port.tap
+        if tap.observers:
+            # A post cannot wait for a query: the attributes the daemon last queried.
+            tap.emit(self._sent_trace(self.port.attrs, mad, av, remote_qpn))
+
+    def _sent_trace(
+        self, attrs: PortAttributes | None, mad: bytes, av: AddressVector, remote_qpn: int
+    ) -> MadTrace:
         lid = attrs.lid if attrs is not None else 0
         sgid = bytes(16)
         if attrs is not None and 0 <= av.sgid_index < len(attrs.gids):
             sgid = attrs.gids[av.sgid_index]
-        trace = MadTrace(
+        return MadTrace(
             time=trio.current_time(),
             direction=Direction.SENT,
             port=self.port.name,
@@ -473,7 +498,20 @@ class TapUdQp(UdQp):
             flow_label=av.flow_label,
             hop_limit=av.hop_limit,
         )
-        tap.emit(trace)
+
+    async def serve(self, handler: MadHandler, limit: int = RECEIVE_BATCH) -> None:
+        port = self.port
+        if port.tap.observers:
+            await port.known_attrs()
+
+        def traced(batch: list[ReceivedMad]) -> None:
+            tap = port.tap
+            if tap.observers:
+                for got in batch:
+                    tap.emit(self._received_trace(got))
+            handler(batch)
+
+        await self.inner.serve(traced, limit)
 
     async def receive(self) -> ReceivedMad:
         if self.port.tap.observers:

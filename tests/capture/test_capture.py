@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from ibacm.core.sa import sa_destination
-from ibacm.fabric.api import MULTICAST_QPN, AddressVector, SaTimeout
+from ibacm.fabric.api import MULTICAST_QPN, AddressVector, FabricError, ReceivedMad, SaTimeout
 from ibacm.fabric.capture import (
     DEFAULT_QUEUE,
     INTERFACE_RECEIVED,
@@ -398,3 +398,55 @@ def test_sm_event_mads_are_named_in_logs_and_metrics() -> None:
     report = build_report(8, gone)
     assert describe_mad(report) == MadKind("sa", "report", "notice")
     assert describe_mad(build_report_resp(SaMad.decode(report))).method == "report_resp"
+
+
+@pytest.mark.trio
+async def test_posted_and_served_mads_are_traced(autojump_clock: trio.abc.Clock) -> None:
+    world = SimWorld(generate(3))
+    async with running(world):
+        tap = TapFabric(world.fabric("node2"))
+        recorder = Recorder()
+        tap_port = (await tap.open())[0].port(1)
+        attrs = await tap_port.query()
+        tapped = await tap_port.open_ud(0, recv_depth=8)
+        peer_port = (await world.fabric("node3").open())[0].port(1)
+        peer_attrs = await peer_port.query()
+        peer = await peer_port.open_ud(0, recv_depth=8)
+        tap.add_observer(recorder)
+
+        def mad(method: int, tag: int) -> bytes:
+            return bytes([1, 0x2C, 1, method]) + bytes(4) + tag.to_bytes(8, "big") + bytes(240)
+
+        def answer(batch: list[ReceivedMad]) -> None:
+            for got in batch:
+                response = mad(0x81, int.from_bytes(got.mad[8:16], "big"))
+                tapped.post(response, AddressVector(dlid=got.slid, dgid=got.sgid), got.src_qp)
+
+        requests = [mad(1, tag) for tag in range(3)]
+        responses = [mad(0x81, tag) for tag in range(3)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tapped.serve, answer)
+            for request in requests:
+                await peer.send(request, AddressVector(dlid=attrs.lid), tapped.qpn)
+            assert [(await peer.receive()).mad for _ in requests] == responses
+            nursery.cancel_scope.cancel()
+        received = [t for t in recorder.traces if t.direction is Direction.RECEIVED]
+        sent = [t for t in recorder.traces if t.direction is Direction.SENT]
+        assert [t.mad for t in received] == requests
+        assert [t.mad for t in sent] == responses
+        for came, went in zip(received, sent, strict=True):
+            # Traced before the handler saw it: the request precedes the answer it caused.
+            assert recorder.traces.index(came) < recorder.traces.index(went)
+        assert (received[0].slid, received[0].dlid) == (peer_attrs.lid, attrs.lid)
+        assert (received[0].src_qp, received[0].dest_qp) == (peer.qpn, tapped.qpn)
+        assert (sent[0].slid, sent[0].dlid, sent[0].sgid) == (
+            attrs.lid,
+            peer_attrs.lid,
+            attrs.gids[0],
+        )
+        assert (sent[0].src_qp, sent[0].dest_qp, sent[0].pkey) == (tapped.qpn, peer.qpn, 0xFFFF)
+        # A post the QP refuses is not on the wire: nothing is traced.
+        with pytest.raises(FabricError, match="GID index"):
+            tapped.post(mad(1, 9), AddressVector(dlid=peer_attrs.lid, sgid_index=4), peer.qpn)
+        assert len(recorder.traces) == 6
+        await tap.aclose()

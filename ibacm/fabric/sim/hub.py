@@ -4,8 +4,10 @@
 ``HubFabric(path, node_name)`` (``hub_client.py``, re-exported here) and reaches the world
 through it: UD sends/receives, SA MADs, port queries, events and IP addresses (framing in
 ``hub_protocol``). The hub never blocks the fabric on a slow client: UD MADs for a client that
-stops reading are dropped once its queue is full, as an RNR drop would. Control clients
-(``ibacm-sim fault ...``, ``hub_call``) change faults, flap ports, move the SM and so on.
+stops reading are dropped once its queue is full, as an RNR drop would, and so are the
+POST_ERROR answers to its failed posts once that many control frames wait (counted in the
+``post_error_dropped`` stat). Control clients (``ibacm-sim fault ...``, ``hub_call``) change
+faults, flap ports, move the SM and so on.
 
 ``python -m ibacm.fabric.sim.hub --dir DIR ...`` runs a hub as its own process (what
 ``ibacm-sim up`` starts): it writes DIR/topology.json and DIR/hub.pid, serves DIR/hub.sock,
@@ -29,7 +31,14 @@ from typing import Any
 
 import trio
 
-from ibacm.fabric.api import FabricError, IpEvent, PortEvent, ReceivedMad, SaDestination
+from ibacm.fabric.api import (
+    AddressVector,
+    FabricError,
+    IpEvent,
+    PortEvent,
+    ReceivedMad,
+    SaDestination,
+)
 from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.faults import FaultSettingError
 from ibacm.fabric.sim.hub_client import HubConnectionLost, HubError, HubFabric, hub_call
@@ -157,7 +166,9 @@ class _Session:
 
     def _handle(self, item: Frame) -> None:
         try:
-            if item.type == FrameType.UD_SEND:
+            if item.type == FrameType.UD_POST:
+                self._ud_post(item.body)
+            elif item.type == FrameType.UD_SEND:
                 self._ud_send(item.body)
             elif item.type == FrameType.SA_SEND:
                 self._sa_send(item.body)
@@ -171,17 +182,32 @@ class _Session:
         except hp.HubProtocolError as exc:
             print(f"ibacm-sim hub: bad frame from a client: {exc}", file=sys.stderr)
 
+    def _ud_post(self, body: bytes) -> None:
+        handle, remote_qpn, av, mad = hp.decode_ud_post(body)
+        try:
+            self._ud_transmit(handle, remote_qpn, av, mad)
+        except FabricError as exc:
+            # Not with the droppable MADs: each one is a completion error the client counts.
+            # Only a client that posts bad MADs and stops reading meets the bound.
+            if len(self.control) < DATA_QUEUE_LIMIT:
+                self.push(hp.encode_post_error(handle, str(exc)))
+            else:
+                self.world.stats["post_error_dropped"] += 1
+
     def _ud_send(self, body: bytes) -> None:
         call_id, handle, remote_qpn, av, mad = hp.decode_ud_send(body)
         try:
-            qp = self.qps.get(handle)
-            if qp is None or qp.qp is None:
-                raise FabricError(f"no QP with handle {handle}")
-            self.world.delivery.ud_send(qp.qp, mad, av, remote_qpn)
+            self._ud_transmit(handle, remote_qpn, av, mad)
         except FabricError as exc:
             self.push(hp.encode_reply(call_id, error=exc))
         else:
             self.push(hp.encode_ok(call_id))
+
+    def _ud_transmit(self, handle: int, remote_qpn: int, av: AddressVector, mad: bytes) -> None:
+        qp = self.qps.get(handle)
+        if qp is None or qp.qp is None:
+            raise FabricError(f"no QP with handle {handle}")
+        self.world.delivery.ud_send(qp.qp, mad, av, remote_qpn)
 
     def _sa_send(self, body: bytes) -> None:
         call_id, device, port, sm_lid, sm_sl, pkey_index, mad = hp.decode_sa_send(body)

@@ -8,9 +8,19 @@ SaSendError).
 
 It needs no task of its own: whichever caller is waiting (for a receive, an event, a reply)
 reads the socket and hands the frames to everyone, one reader at a time, so it works with the
-plain ``Fabric`` calls of the daemon and a cancelled reader loses nothing (trio's
-``receive_some`` is all-or-nothing). Writes are shielded from cancellation: half a frame
-would corrupt the stream for every other caller.
+plain ``Fabric`` calls of the daemon and a cancelled reader loses nothing (it waits for the
+socket to be readable, then reads without waiting). A QP being served (``UdQp.serve``) gets
+its MADs from that reader in the round that read them, so a MAD posted in answer leaves
+before any other task runs.
+
+Writes never wait either: a frame goes to the socket at once (a non-blocking write on its
+descriptor) and what the socket cannot take is kept, in call order, in an outbound buffer
+that the next reader flushes first (it waits for room rather than for data while the buffer
+holds something, and a write that leaves bytes behind wakes a reader waiting for data). A
+frame is therefore never split by another one, and a cancelled caller cannot leave half of
+one. ``post`` (a UD_POST frame) is answered only when it fails; that POST_ERROR counts in the
+QP's ``completion_errors``. ``post`` raises SendQueueFull while the buffer holds
+``OUTBOUND_LIMIT`` bytes; calls wait for room instead.
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ from typing import Any
 import trio
 
 from ibacm.fabric.api import (
+    RECEIVE_BATCH,
     AddressVector,
     Device,
     Fabric,
     FabricError,
     InterfaceAddress,
     IpEvent,
+    MadHandler,
     NoDevicesError,
     Port,
     PortAttributes,
@@ -43,13 +55,21 @@ from ibacm.fabric.api import (
     SaDestination,
     SaSendError,
     SaTimeout,
+    SendQueueFull,
     UdQp,
+    deliver_batch,
 )
 from ibacm.fabric.sim import hub_protocol as hp
 from ibacm.fabric.sim.hub_protocol import Frame, FrameType
 from ibacm.fabric.sim.umad import UmadAgent
+from ibacm.log import get_logger
+
+log = get_logger("ibacm.fabric.sim")
 
 _READ_SIZE = 1 << 16
+OUTBOUND_LIMIT = 1 << 24
+"""Bytes of frames a connection holds while the hub is slow to read before ``post`` says
+SendQueueFull (and calls wait for room): about 57,000 MADs, a memory bound."""
 
 
 class HubError(FabricError):
@@ -74,20 +94,32 @@ class _Call:
 
 
 class _Link:
-    """A hub connection read by whichever caller waits (see the module docstring)."""
+    """A hub connection read and written by its callers (see the module docstring)."""
 
-    def __init__(self, stream: trio.abc.Stream, on_frame: Callable[[Frame], None]) -> None:
+    def __init__(self, stream: trio.SocketStream, on_frame: Callable[[Frame], None]) -> None:
         self.stream = stream
+        self._fd = stream.socket.fileno()
         self._decoder = hp.FrameDecoder()
         self._on_frame = on_frame
-        self._send_lock = trio.Lock()
+        self.on_round: Callable[[], None] = lambda: None
+        """Called after the frames of one read are dispatched (served QPs take their MADs)."""
         self._pumping = False
         self._round = trio.Event()
+        self._reading: trio.CancelScope | None = None
+        """The pump's wait for readable, cancelled when a write leaves bytes to flush."""
+        self._out = bytearray()
+        """Frames (the tail of one maybe) the socket could not take yet, in call order."""
+        self.outbound_limit = OUTBOUND_LIMIT
         self.lost: str | None = None
         self.on_lost: Callable[[], None] = lambda: None
         self._calls: dict[int, _Call] = {}
         self._next_id = 1
         self.pending_stats: dict[str, int] = {}
+
+    @property
+    def outbound(self) -> int:
+        """Bytes written by callers that still wait for room in the socket."""
+        return len(self._out)
 
     def kick(self) -> None:
         """Wake every waiter so it re-checks its condition."""
@@ -98,33 +130,65 @@ class _Link:
         while not ready():
             if self.lost is not None or self._pumping:
                 await self._round.wait()
-            else:
-                await self._pump()
+            elif not await self._pump() and not ready():
+                # It read without a scheduler pass (the MADs went to their handlers at
+                # once); a flood must still let other tasks run between reads.
+                await trio.lowlevel.checkpoint()
 
     async def until_set(self, event: trio.Event) -> None:
         await self.until(event.is_set)
 
-    async def _pump(self) -> None:
+    async def _pump(self) -> bool:
+        """One round: flush waiting writes, or read and hand out what the hub sent; true when
+        it went through the scheduler."""
         self._pumping = True
         try:
-            try:
-                data = await self.stream.receive_some(_READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._mark_lost(f"hub connection failed: {exc}")
-                return
-            if not data:
-                self._mark_lost("the hub closed the connection")
-                return
-            try:
-                frames = self._decoder.feed(data)
-            except hp.HubProtocolError as exc:
-                self._mark_lost(f"bad data from the hub: {exc}")
-                return
-            for item in frames:
-                self._dispatch(item)
+            if self._out:
+                # The hub reads in a task of its own, whatever it writes: waiting only for
+                # room here cannot deadlock, and frames it sent wait for the next round.
+                await trio.lowlevel.wait_writable(self._fd)
+                self._flush()
+                return True
+            data = self._read()
+            if data is not None:
+                self._take(data)
+                return False
+            with trio.CancelScope() as scope:
+                self._reading = scope
+                await trio.lowlevel.wait_readable(self._fd)
+            self._reading = None
+            if not scope.cancelled_caught:
+                # Read and handled in the round that woke up: a MAD in and the MAD a
+                # handler posts for it need no scheduler pass between them (issue 28).
+                data = self._read()
+                if data is not None:
+                    self._take(data)
+            return True
+        except (trio.ClosedResourceError, OSError) as exc:
+            self._mark_lost(f"hub connection failed: {exc}")
+            return True
         finally:
+            self._reading = None
             self._pumping = False
             self.kick()
+
+    def _read(self) -> bytes | None:
+        """What the socket holds (b"" at its end), None when nothing yet."""
+        try:
+            return os.read(self._fd, _READ_SIZE)
+        except BlockingIOError:
+            return None
+
+    def _take(self, data: bytes) -> None:
+        if not data:
+            self._mark_lost("the hub closed the connection")
+            return
+        try:
+            for item in self._decoder.feed(data):
+                self._dispatch(item)
+        except hp.HubProtocolError as exc:
+            self._mark_lost(f"bad data from the hub: {exc}")
+        self.on_round()
 
     def _dispatch(self, item: Frame) -> None:
         if item.type == FrameType.REPLY:
@@ -146,32 +210,54 @@ class _Link:
     def _mark_lost(self, reason: str) -> None:
         if self.lost is None:
             self.lost = reason
+            self._out.clear()  # nobody will take them
             self.on_lost()
 
-    async def send(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
+        """Put frames on the stream now, after everything written before; what the socket
+        cannot take waits in the outbound buffer for the next pump. Never waits, so a frame
+        is never split by another one and a cancelled caller cannot leave half of it."""
         if self.lost is not None:
             raise HubConnectionLost(self.lost)
         if self.pending_stats:
             data = hp.encode_json(FrameType.STAT, self.pending_stats) + data
             self.pending_stats = {}
-        lock = self._send_lock
+        if self._out:
+            self._out += data
+            return
         try:
-            # A free lock is taken without a trip through the scheduler (``acquire`` yields
-            # even then): the frame (a MAD) goes out in the round that sends it.
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-        try:
-            # Shielded: a half-written frame would corrupt the stream for everyone.
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._mark_lost(f"hub connection failed: {exc}")
-                    self.kick()
-                    raise HubConnectionLost(self.lost or str(exc)) from exc
-        finally:
-            lock.release()
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._mark_lost(f"hub connection failed: {exc}")
+            self.kick()
+            raise HubConnectionLost(self.lost or str(exc)) from exc
+        if sent < len(data):
+            self._out += memoryview(data)[sent:]
+            if self._reading is not None:
+                self._reading.cancel()  # the pump waits for the hub: let it flush first
+
+    def post(self, data: bytes) -> None:
+        """``write`` for a frame nobody waits for; SendQueueFull when the outbound buffer
+        already holds ``outbound_limit`` bytes."""
+        if self.lost is None and len(self._out) >= self.outbound_limit:
+            raise SendQueueFull(
+                f"{len(self._out)} bytes wait for the hub to read (limit {self.outbound_limit})"
+            )
+        self.write(data)
+
+    def _flush(self) -> None:
+        out = self._out
+        while out:
+            try:
+                sent = os.write(self._fd, out)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._mark_lost(f"hub connection failed: {exc}")
+                return
+            del out[:sent]
 
     def new_call(self) -> tuple[int, _Call]:
         call_id = self._next_id
@@ -183,7 +269,11 @@ class _Link:
     async def finish(self, call_id: int, call: _Call, data: bytes) -> Any:
         """Send a request frame and wait for its reply; remote errors are raised here."""
         try:
-            await self.send(data)
+            if len(self._out) >= self.outbound_limit:
+                await self.until(
+                    lambda: len(self._out) < self.outbound_limit or self.lost is not None
+                )
+            self.write(data)
             await self.until(lambda: call.done or self.lost is not None)
         finally:
             self._calls.pop(call_id, None)
@@ -202,12 +292,17 @@ class _Link:
 class HubUdQp(UdQp):
     def __init__(self, port: HubPort, handle: int, qpn: int, recv_depth: int) -> None:
         self._port = port
-        self._link = port.device.fabric.link
+        self._fabric = port.device.fabric
+        self._link = self._fabric.link
         self.handle = handle
         self._qpn = qpn
         self._depth = recv_depth
         self._queue: deque[ReceivedMad] = deque()
         self._closed = False
+        self._handler: MadHandler | None = None
+        self._limit = RECEIVE_BATCH
+        self._fed = False
+        """Queued MADs wait for ``hand_over`` at the end of this read (the fabric knows)."""
 
     @property
     def qpn(self) -> int:
@@ -221,6 +316,17 @@ class HubUdQp(UdQp):
             stats["rnr_drop"] = stats.get("rnr_drop", 0) + 1
             return
         self._queue.append(received)
+        if self._handler is not None and not self._fed:
+            self._fed = True
+            self._fabric.fed.append(self)
+
+    def hand_over(self) -> None:
+        """Give the queued MADs to the serving handler, ``limit`` per call."""
+        self._fed = False
+        queue = self._queue
+        while queue and self._handler is not None:
+            count = min(self._limit, len(queue))
+            deliver_batch(self._handler, [queue.popleft() for _ in range(count)])
 
     async def send(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
         if self._closed:
@@ -236,6 +342,35 @@ class HubUdQp(UdQp):
             await link.finish(call_id, call, data)
         except HubConnectionLost as exc:
             raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
+
+    def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
+        if self._closed:
+            raise FabricError(f"post on closed QP {self._qpn:#x}")
+        try:
+            data = hp.encode_ud_post(self.handle, remote_qpn, av, mad)
+        except hp.HubProtocolError as exc:
+            raise FabricError(str(exc)) from exc
+        try:
+            self._link.post(data)
+        except HubConnectionLost as exc:
+            raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
+
+    def post_failed(self, message: str) -> None:
+        """The hub could not send a posted MAD (its POST_ERROR): a completion error."""
+        self.completion_errors += 1
+        log.debug("posted send failed", qpn=self._qpn, error=message)
+
+    async def serve(self, handler: MadHandler, limit: int = RECEIVE_BATCH) -> None:
+        if limit < 1:
+            raise FabricError(f"limit must be >= 1, got {limit}")
+        if self._handler is not None:
+            raise FabricError(f"QP {self._qpn:#x} is served already")
+        self._handler, self._limit = handler, limit
+        try:
+            self.hand_over()  # what arrived before
+            await self._link.until(lambda: self._closed)
+        finally:
+            self._handler = None
 
     async def receive(self) -> ReceivedMad:
         return (await self.receive_many(1))[0]
@@ -420,6 +555,8 @@ class HubFabric(Fabric):
         self._link: _Link | None = None
         self.devices: list[HubDevice] = []
         self.qps: dict[int, HubUdQp] = {}
+        self.fed: list[HubUdQp] = []
+        """Served QPs that queued MADs in the read being dispatched."""
         self.ip_events: deque[IpEvent] = deque()
         self.closed = False
 
@@ -450,6 +587,7 @@ class HubFabric(Fabric):
             ) from exc
         link = _Link(stream, self._on_frame)
         link.on_lost = self._on_lost
+        link.on_round = self._on_round
         self._link = link
         try:
             reply = await link.call(
@@ -481,6 +619,16 @@ class HubFabric(Fabric):
         elif item.type == FrameType.IP_EVENT:
             raw = hp.decode_json(item.body)
             self.ip_events.append(IpEvent(bool(raw["added"]), hp.address_from_json(raw)))
+        elif item.type == FrameType.POST_ERROR:
+            handle, message = hp.decode_post_error(item.body)
+            qp = self.qps.get(handle)
+            if qp is not None:
+                qp.post_failed(message)
+
+    def _on_round(self) -> None:
+        fed, self.fed = self.fed, []
+        for qp in fed:
+            qp.hand_over()
 
     def _on_lost(self) -> None:
         for device in self.devices:

@@ -6,10 +6,17 @@ JSON. ``FrameDecoder`` turns a byte stream into frames (sans-I/O: feed bytes, ge
 the ``encode_*`` / ``decode_*`` functions build and read each body.
 
 Client -> hub: CALL (id + JSON request), UD_SEND (id, QP handle, remote QPN, address vector,
-MAD), SA_SEND (id, device index, port, SM LID/SL, P_Key index, MAD), STAT (JSON counts).
+MAD), UD_POST (QP handle, remote QPN, address vector, MAD: no id), SA_SEND (id, device index,
+port, SM LID/SL, P_Key index, MAD), STAT (JSON counts).
 Hub -> client: REPLY (id + JSON result or error), OK (id), UD_RECV (QP handle, GRH and
 completion fields, MAD), SA_RECV (device index, port, MAD), EVENT (device index, port,
-event code), IP_EVENT (JSON).
+event code), IP_EVENT (JSON), POST_ERROR (QP handle + UTF-8 message).
+
+A UD_SEND is answered, OK or an error REPLY, so its sender can wait for the completion. A
+UD_POST is ``ibv_post_send``: a success is not answered at all (no round trip per MAD), a
+failure (unknown QP, port down, bad destination) is answered with a POST_ERROR naming the
+QP, which the client counts as a completion error of that QP. A malformed frame of either
+kind is reported on the hub's stderr and skipped, as every malformed frame is.
 """
 
 from __future__ import annotations
@@ -46,12 +53,14 @@ class FrameType(enum.IntEnum):
     UD_SEND = 0x02
     SA_SEND = 0x03
     STAT = 0x04
+    UD_POST = 0x05
     REPLY = 0x81
     UD_RECV = 0x82
     OK = 0x83
     SA_RECV = 0x84
     EVENT = 0x85
     IP_EVENT = 0x86
+    POST_ERROR = 0x87
 
 
 EVENT_CODES: tuple[PortEventType, ...] = tuple(PortEventType)
@@ -59,7 +68,7 @@ EVENT_CODES: tuple[PortEventType, ...] = tuple(PortEventType)
 _HEAD = struct.Struct(">IB")
 _ID = struct.Struct(">I")
 _AV = struct.Struct(">HBBBBBBI16s")
-_UD_SEND = struct.Struct(">III")
+_UD_POST = struct.Struct(">II")
 _SA_SEND = struct.Struct(">IBBHBH")
 _UD_RECV = struct.Struct(">IHIBH16s16s")
 _DEV_PORT = struct.Struct(">BB")
@@ -162,9 +171,9 @@ def _check_mad(mad: bytes) -> bytes:
     return mad
 
 
-def encode_ud_send(
-    call_id: int, handle: int, remote_qpn: int, av: AddressVector, mad: bytes
-) -> bytes:
+def _ud_body(handle: int, remote_qpn: int, av: AddressVector, mad: bytes) -> bytes:
+    """QP handle, remote QPN, address vector and MAD: the body of UD_POST, UD_SEND's after
+    its id."""
     if len(av.dgid) != 16:
         raise HubProtocolError(f"DGID of {len(av.dgid)} bytes")
     try:
@@ -179,21 +188,57 @@ def encode_ud_send(
             av.flow_label,
             av.dgid,
         )
-        head = _UD_SEND.pack(call_id, handle, remote_qpn)
+        head = _UD_POST.pack(handle, remote_qpn)
     except struct.error as exc:
         raise HubProtocolError(f"address vector field out of range: {exc}") from exc
-    return frame(FrameType.UD_SEND, head + packed_av + _check_mad(mad))
+    return head + packed_av + _check_mad(mad)
+
+
+def _decode_ud_body(name: str, body: bytes, offset: int) -> tuple[int, int, AddressVector, bytes]:
+    """What ``_ud_body`` packed, at ``offset`` of a frame body that must end with it."""
+    expected = offset + _UD_POST.size + _AV.size + MAD_LEN
+    if len(body) != expected:
+        raise HubProtocolError(f"{name} of {len(body)} bytes, expected {expected}")
+    handle, remote_qpn = _UD_POST.unpack_from(body, offset)
+    offset += _UD_POST.size
+    dlid, sl, bits, rate, sgid_index, hop, tclass, flow, dgid = _AV.unpack_from(body, offset)
+    av = AddressVector(dlid, dgid, sl, bits, rate, sgid_index, flow, hop, tclass)
+    return handle, remote_qpn, av, body[offset + _AV.size :]
+
+
+def encode_ud_send(
+    call_id: int, handle: int, remote_qpn: int, av: AddressVector, mad: bytes
+) -> bytes:
+    if not 0 <= call_id <= 0xFFFFFFFF:
+        raise HubProtocolError(f"call id {call_id} out of range")
+    return frame(FrameType.UD_SEND, _ID.pack(call_id) + _ud_body(handle, remote_qpn, av, mad))
 
 
 def decode_ud_send(body: bytes) -> tuple[int, int, int, AddressVector, bytes]:
     """(call id, QP handle, remote QPN, address vector, MAD)."""
-    expected = _UD_SEND.size + _AV.size + MAD_LEN
-    if len(body) != expected:
-        raise HubProtocolError(f"UD_SEND of {len(body)} bytes, expected {expected}")
-    call_id, handle, remote_qpn = _UD_SEND.unpack_from(body)
-    dlid, sl, bits, rate, sgid_index, hop, tclass, flow, dgid = _AV.unpack_from(body, _UD_SEND.size)
-    av = AddressVector(dlid, dgid, sl, bits, rate, sgid_index, flow, hop, tclass)
-    return call_id, handle, remote_qpn, av, body[_UD_SEND.size + _AV.size :]
+    handle, remote_qpn, av, mad = _decode_ud_body("UD_SEND", body, _ID.size)
+    return int(_ID.unpack_from(body)[0]), handle, remote_qpn, av, mad
+
+
+def encode_ud_post(handle: int, remote_qpn: int, av: AddressVector, mad: bytes) -> bytes:
+    return frame(FrameType.UD_POST, _ud_body(handle, remote_qpn, av, mad))
+
+
+def decode_ud_post(body: bytes) -> tuple[int, int, AddressVector, bytes]:
+    """(QP handle, remote QPN, address vector, MAD)."""
+    return _decode_ud_body("UD_POST", body, 0)
+
+
+def encode_post_error(handle: int, message: str) -> bytes:
+    return frame(FrameType.POST_ERROR, _ID.pack(handle) + message.encode())
+
+
+def decode_post_error(body: bytes) -> tuple[int, str]:
+    """(QP handle, message) of a failed UD_POST."""
+    if len(body) < _ID.size:
+        raise HubProtocolError(f"POST_ERROR of {len(body)} bytes")
+    (handle,) = _ID.unpack_from(body)
+    return int(handle), body[_ID.size :].decode(errors="replace")
 
 
 def encode_sa_send(
