@@ -96,7 +96,7 @@ class _Call:
 class _Link:
     """A hub connection read and written by its callers (see the module docstring)."""
 
-    def __init__(self, stream: trio.SocketStream, on_frame: Callable[[Frame], None]) -> None:
+    def __init__(self, stream: trio.SocketStream, on_frame: Callable[[Frame], bool]) -> None:
         self.stream = stream
         self._fd = stream.socket.fileno()
         self._decoder = hp.FrameDecoder()
@@ -105,6 +105,8 @@ class _Link:
         """Called after the frames of one read are dispatched (served QPs take their MADs)."""
         self._pumping = False
         self._round = trio.Event()
+        self._news = False
+        """A read brought something a waiter may wait for (not only served QPs' MADs)."""
         self._reading: trio.CancelScope | None = None
         """The pump's wait for readable, cancelled when a write leaves bytes to flush."""
         self._out = bytearray()
@@ -127,13 +129,20 @@ class _Link:
         old.set()
 
     async def until(self, ready: Callable[[], bool]) -> None:
-        while not ready():
-            if self.lost is not None or self._pumping:
-                await self._round.wait()
-            elif not await self._pump() and not ready():
-                # It read without a scheduler pass (the MADs went to their handlers at
-                # once); a flood must still let other tasks run between reads.
-                await trio.lowlevel.checkpoint()
+        pumped = False
+        try:
+            while not ready():
+                if self.lost is not None or self._pumping:
+                    await self._round.wait()
+                else:
+                    pumped = True
+                    if not await self._pump() and not ready():
+                        # It read without a scheduler pass (the MADs went to their handlers
+                        # at once); a flood must still let other tasks run between reads.
+                        await trio.lowlevel.checkpoint()
+        finally:
+            if pumped:
+                self.kick()  # a waiter takes the reading over
 
     async def until_set(self, event: trio.Event) -> None:
         await self.until(event.is_set)
@@ -170,7 +179,11 @@ class _Link:
         finally:
             self._reading = None
             self._pumping = False
-            self.kick()
+            if self._news or self.lost is not None:
+                # Only then: a read that brought served QPs their MADs (a job start's
+                # burst) wakes nobody else for nothing.
+                self._news = False
+                self.kick()
 
     def _read(self) -> bytes | None:
         """What the socket holds (b"" at its end), None when nothing yet."""
@@ -191,6 +204,11 @@ class _Link:
         self.on_round()
 
     def _dispatch(self, item: Frame) -> None:
+        if item.type not in (FrameType.REPLY, FrameType.OK):
+            if self._on_frame(item):
+                self._news = True
+            return
+        self._news = True
         if item.type == FrameType.REPLY:
             call_id, payload = hp.decode_json_body(item.body)
             call = self._calls.get(call_id)
@@ -200,12 +218,10 @@ class _Link:
                     call.error = payload["error"]
                 else:
                     call.result = payload.get("ok") if isinstance(payload, dict) else None
-        elif item.type == FrameType.OK:
+        else:
             call = self._calls.get(hp.decode_ok(item.body))
             if call is not None:
                 call.done = True
-        else:
-            self._on_frame(item)
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost is None:
@@ -308,17 +324,22 @@ class HubUdQp(UdQp):
     def qpn(self) -> int:
         return self._qpn
 
-    def deliver(self, received: ReceivedMad) -> None:
+    def deliver(self, received: ReceivedMad) -> bool:
+        """Queue a MAD; true when a ``receive`` may wait for it (not served: ``serve``'s
+        handler takes it at the end of the read, ``hand_over``)."""
         if self._closed:
-            return
+            return False
         if len(self._queue) >= self._depth:
             stats = self._link.pending_stats
             stats["rnr_drop"] = stats.get("rnr_drop", 0) + 1
-            return
+            return False
         self._queue.append(received)
-        if self._handler is not None and not self._fed:
+        if self._handler is None:
+            return True
+        if not self._fed:
             self._fed = True
             self._fabric.fed.append(self)
+        return False
 
     def hand_over(self) -> None:
         """Give the queued MADs to the serving handler, ``limit`` per call."""
@@ -602,13 +623,19 @@ class HubFabric(Fabric):
             raise NoDevicesError(f"node {self.node_name} has no InfiniBand device")
         return list(self.devices)
 
-    def _on_frame(self, item: Frame) -> None:
+    def _on_frame(self, item: Frame) -> bool:
+        """Hand a frame to its QP, agent or queue; true when a waiter may wait for it."""
         if item.type == FrameType.UD_RECV:
             handle, received = hp.decode_ud_recv(item.body)
             qp = self.qps.get(handle)
-            if qp is not None:
-                qp.deliver(received)
-        elif item.type == FrameType.SA_RECV:
+            return qp is not None and qp.deliver(received)
+        if item.type == FrameType.POST_ERROR:
+            handle, message = hp.decode_post_error(item.body)
+            failed = self.qps.get(handle)
+            if failed is not None:
+                failed.post_failed(message)
+            return False
+        if item.type == FrameType.SA_RECV:
             index, num, mad = hp.decode_sa_recv(item.body)
             if 0 <= index < len(self.devices) and num in self.devices[index].ports:
                 self.devices[index].ports[num].agent.deliver(mad)
@@ -619,11 +646,7 @@ class HubFabric(Fabric):
         elif item.type == FrameType.IP_EVENT:
             raw = hp.decode_json(item.body)
             self.ip_events.append(IpEvent(bool(raw["added"]), hp.address_from_json(raw)))
-        elif item.type == FrameType.POST_ERROR:
-            handle, message = hp.decode_post_error(item.body)
-            qp = self.qps.get(handle)
-            if qp is not None:
-                qp.post_failed(message)
+        return True
 
     def _on_round(self) -> None:
         fed, self.fed = self.fed, []
@@ -670,6 +693,6 @@ async def hub_call(socket_path: str | os.PathLike[str], request: dict[str, Any])
     except OSError as exc:
         raise HubConnectionLost(f"cannot reach the simulator hub at {socket_path}: {exc}") from exc
     async with stream:
-        link = _Link(stream, lambda item: None)
+        link = _Link(stream, lambda item: False)
         await link.call({"op": "hello", "version": hp.PROTOCOL_VERSION})
         return await link.call(request)
