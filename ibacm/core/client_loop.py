@@ -585,10 +585,6 @@ class ClientLoop:
         # A one-shot client (ib_acme) sent its request right after connecting: read it,
         # answer a hit and see the close before the connection costs a registration.
         self._serve(conn, _IN, now)
-        if self._batch:
-            # A request that must wait goes to trio now, before this connection's
-            # registration and the next accept (its MAD out sooner by two system calls).
-            self._hand_over()
         if conn.closed:
             return
         try:
