@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import enum
 import ipaddress
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -221,6 +221,66 @@ def deliver_batch(handler: MadHandler, batch: list[ReceivedMad]) -> None:
         log.exception("received MADs could not be handled; dropped", mads=len(batch))
 
 
+class SaCall:
+    """One SA request on its way (``Port.sa_start``): ended once, by its reply or its failure.
+
+    The backend ends it (``end``) in the round that reads the reply, so what waits on
+    ``when_ended`` runs there (a resolution's route, its client's reply: no scheduler pass
+    after the MAD in). What a umad layer does after the send (retransmissions, time-outs,
+    RMPP segments) is in ``drive``, run by the caller's task through ``wait``, which returns
+    the reply or raises ``SaTimeout``/``SaSendError`` once the call ended."""
+
+    __slots__ = ("_drive", "_enders", "error", "reply")
+
+    def __init__(self, drive: Callable[[SaCall], Awaitable[None]]) -> None:
+        self._drive = drive
+        self._enders: list[Callable[[SaCall], None]] = []
+        self.reply: bytes | None = None
+        self.error: FabricError | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.reply is not None or self.error is not None
+
+    def when_ended(self, ender: Callable[[SaCall], None]) -> None:
+        """Call ``ender(self)`` when the call ends (at once if it has)."""
+        if self.ended:
+            ender(self)
+        else:
+            self._enders.append(ender)
+
+    def end(self, reply: bytes | None, error: FabricError | None = None) -> None:
+        """(The backend.) The reply, or the failure; the first end counts."""
+        if self.ended:
+            return
+        if reply is None and error is None:
+            error = SaSendError("an SA call ended with neither a reply nor an error")
+        self.reply, self.error = reply, error
+        enders, self._enders = self._enders, []
+        for ender in enders:
+            try:
+                ender(self)
+            except Exception:
+                # One waiter's bug must not keep the others (the credit's return) from it.
+                log.exception("an SA call's waiter failed")
+
+    def result(self) -> bytes:
+        if self.reply is not None:
+            return self.reply
+        raise self.error or SaSendError("the SA call has not ended")
+
+    async def wait(self) -> bytes:
+        """Drive the call to its end; its reply, or its failure raised. When the task is
+        cancelled first, the call ends with SaTimeout (nobody will read its reply)."""
+        try:
+            if not self.ended:
+                await self._drive(self)
+        finally:
+            if not self.ended:
+                self.end(None, SaTimeout("the SA call was abandoned"))
+        return self.result()
+
+
 class UdQp(abc.ABC):
     """The UD QP of one endpoint (Q_Key 0x80010000)."""
 
@@ -312,6 +372,15 @@ class Port(abc.ABC):
         (RMPP, GetTable) are returned reassembled: MAD header + SA header + all records.
         Raises SaTimeout or SaSendError.
         """
+
+    def sa_start(
+        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> SaCall | None:
+        """``sa_send`` without waiting: the MAD is sent before this returns and the call
+        ends in the round that reads its reply (``SaCall``); its retransmissions and time-out
+        are driven by ``SaCall.wait``, which the caller runs in a task. None: this backend
+        cannot send without waiting (use ``sa_send``). Raises SaSendError as ``sa_send``."""
+        return None
 
     async def sa_report(self) -> bytes:
         """Wait for the next SubnAdmReport the SA sent to this port's QP1 (the events the

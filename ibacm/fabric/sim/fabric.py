@@ -29,6 +29,7 @@ from ibacm.fabric.api import (
     PortEvent,
     PortTableDevice,
     ReceivedMad,
+    SaCall,
     SaDestination,
     UdQp,
 )
@@ -149,14 +150,17 @@ class SimPort(Port):
     async def sa_send(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
+
+    def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
         self._device.fabric.check_open()
         sa_transport, runtime = self._device.fabric.sa_transport, self._runtime
 
-        async def transmit(wire: bytes) -> None:
-            await trio.lowlevel.checkpoint()
+        def transmit(wire: bytes) -> None:
             sa_transport.transmit(runtime, wire, dest)
 
-        return await self._umad().send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
+        return self._umad().start(mad, transmit, timeout_ms=timeout_ms, retries=retries)
 
     async def sa_report(self) -> bytes:
         self._device.fabric.check_open()

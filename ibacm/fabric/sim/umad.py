@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ibacm.fabric.api import MAD_SIZE, SaSendError, SaTimeout
+from ibacm.fabric.api import MAD_SIZE, FabricError, SaCall, SaSendError, SaTimeout
 from ibacm.wire.errors import WireError
 from ibacm.wire.mad import Method, RmppFlag, RmppReassembler
 
@@ -37,10 +37,21 @@ class _Waiter:
     result: bytes = b""
     reassembler: RmppReassembler = field(default_factory=RmppReassembler)
     next_segment: int = 1
+    call: SaCall | None = None
+    """The call ended in the round that reads its reply (``start``)."""
+
+    def complete(self, result: bytes) -> None:
+        self.result = result
+        self.done.set()
+        if self.call is not None:
+            self.call.end(result)
 
 
 Transmit = Callable[[bytes], Awaitable[None]]
 """Puts one MAD on the wire (or raises SaSendError)."""
+
+TransmitNow = Callable[[bytes], None]
+"""Puts one MAD on the wire without waiting (or raises SaSendError)."""
 
 WaitFor = Callable[[trio.Event], Awaitable[object]]
 """Waits until an event is set (a hub client must keep reading its socket meanwhile)."""
@@ -75,6 +86,58 @@ class UmadAgent:
         Raises SaTimeout when no response came in ``retries + 1`` attempts, SaSendError for a
         malformed request or when ``transmit`` fails.
         """
+        low, wire = self._check(mad, timeout_ms, retries)
+        waiter = _Waiter()
+        self._waiters[low] = waiter
+        try:
+            for _attempt in range(retries + 1):
+                await transmit(wire)
+                with trio.move_on_after(timeout_ms / 1000):
+                    await self._wait_for(waiter.done)
+                if waiter.done.is_set():
+                    return waiter.result
+        finally:
+            del self._waiters[low]
+        raise self._timeout(low, timeout_ms, retries)
+
+    def start(self, mad: bytes, transmit: TransmitNow, *, timeout_ms: int, retries: int) -> SaCall:
+        """``send`` without waiting: ``mad`` goes out now and the call ends in the round
+        ``deliver`` gets its response; its ``wait`` sends it again, ``retries`` times, each
+        after ``timeout_ms`` without a response, then ends it with SaTimeout."""
+        low, wire = self._check(mad, timeout_ms, retries)
+        waiter = _Waiter()
+        waiters = self._waiters
+
+        async def drive(call: SaCall) -> None:
+            for attempt in range(retries + 1):
+                if attempt:
+                    try:
+                        transmit(wire)
+                    except FabricError as exc:
+                        call.end(None, exc)
+                        return
+                with trio.move_on_after(timeout_ms / 1000):
+                    await self._wait_for(waiter.done)
+                if call.ended:
+                    return
+            call.end(None, self._timeout(low, timeout_ms, retries))
+
+        def forget(_: SaCall) -> None:
+            if waiters.get(low) is waiter:
+                del waiters[low]
+
+        call = waiter.call = SaCall(drive)
+        waiters[low] = waiter
+        call.when_ended(forget)
+        try:
+            transmit(wire)
+        except BaseException:
+            forget(call)
+            raise
+        return call
+
+    def _check(self, mad: bytes, timeout_ms: int, retries: int) -> tuple[int, bytes]:
+        """The TID's low bits and the MAD as it goes out (our agent number above them)."""
         if len(mad) != MAD_SIZE:
             raise SaSendError(f"an SA MAD must be {MAD_SIZE} bytes, got {len(mad)}")
         if timeout_ms <= 0:
@@ -86,18 +149,11 @@ class UmadAgent:
             raise SaSendError(f"TID low bits {low:#010x} already outstanding on this port")
         wire = bytearray(mad)
         wire[_TID_OFFSET : _TID_OFFSET + 4] = self.agent_id.to_bytes(4, "big")
-        waiter = _Waiter()
-        self._waiters[low] = waiter
-        try:
-            for _attempt in range(retries + 1):
-                await transmit(bytes(wire))
-                with trio.move_on_after(timeout_ms / 1000):
-                    await self._wait_for(waiter.done)
-                if waiter.done.is_set():
-                    return waiter.result
-        finally:
-            del self._waiters[low]
-        raise SaTimeout(f"no SA response to TID {low:#x} after {retries + 1} x {timeout_ms} ms")
+        return low, bytes(wire)
+
+    @staticmethod
+    def _timeout(low: int, timeout_ms: int, retries: int) -> SaTimeout:
+        return SaTimeout(f"no SA response to TID {low:#x} after {retries + 1} x {timeout_ms} ms")
 
     async def next_report(self) -> bytes:
         """Wait for the next SubnAdmReport the SA sent to this port."""
@@ -124,8 +180,7 @@ class UmadAgent:
             self.unmatched += 1
             return
         if not mad[_RMPP_FLAGS_OFFSET] & RmppFlag.ACTIVE:
-            waiter.result = bytes(mad)
-            waiter.done.set()
+            waiter.complete(bytes(mad))
             return
         self._segment(waiter, mad)
 
@@ -145,5 +200,4 @@ class UmadAgent:
             return
         waiter.next_segment = seg + 1
         if whole is not None:
-            waiter.result = whole
-            waiter.done.set()
+            waiter.complete(whole)
