@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import trio
 
-from ibacm.fabric.api import Port, PortAttributes, SaDestination
+from ibacm.fabric.api import Port, PortAttributes, SaCall, SaDestination
 
 TID_MAX = 0xFFFFFFFF
 
@@ -88,6 +88,34 @@ class SaChannel:
                 raise
         finally:
             self.limiter.release_on_behalf_of(token)
+
+    def start(self, mad: bytes, *, timeout_ms: int, retries: int) -> SaCall | None:
+        """``request`` without waiting: the MAD sent now, when a credit is free now and the
+        port can (``Port.sa_start``); None otherwise (``request`` then waits its turn). The
+        credit is held until the call ends."""
+        token = object()
+        try:
+            self.limiter.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            return None
+        try:
+            call = self.port.sa_start(mad, self.dest, timeout_ms=timeout_ms, retries=retries)
+        except BaseException:
+            self.limiter.release_on_behalf_of(token)
+            self.failed += 1
+            raise
+        if call is None:
+            self.limiter.release_on_behalf_of(token)
+            return None
+        self.sent += 1
+
+        def ended(call: SaCall) -> None:
+            self.limiter.release_on_behalf_of(token)
+            if call.error is not None:
+                self.failed += 1
+
+        call.when_ended(ended)
+        return call
 
     async def report(self) -> bytes:
         """The next SubnAdmReport the SA sent to this port."""

@@ -8,7 +8,7 @@ from typing import Any
 from ibacm.config.options import Options
 from ibacm.core.logging import EventSink
 from ibacm.core.sa import SaChannel, TidCounter
-from ibacm.fabric.api import SaSendError
+from ibacm.fabric.api import SaCall, SaSendError
 from ibacm.provider.api import CorePort, CoreServices, Counters
 
 
@@ -28,6 +28,16 @@ class DaemonServices(CoreServices):
 
     async def sa_request(self, port: CorePort, mad: bytes) -> bytes:
         return await self._channel(port).request(
+            mad,
+            timeout_ms=self.options.effective_sa_timeout,
+            retries=self.options.effective_sa_retries,
+        )
+
+    def sa_start(self, port: CorePort, mad: bytes) -> SaCall | None:
+        channel = self.sa_channels.get(port)
+        if channel is None:
+            return None  # ``sa_request`` says why
+        return channel.start(
             mad,
             timeout_ms=self.options.effective_sa_timeout,
             retries=self.options.effective_sa_retries,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ibacm.fabric.api import SaDestination
+from ibacm.fabric.api import SaCall, SaDestination
 from ibacm.provider.route_table import RouteTable
 from ibacm.wire.counters import COUNTER_MASK
 from ibacm.wire.counters import Counter as Counter  # providers count with it (re-exported)
@@ -82,6 +82,13 @@ class CoreServices(abc.ABC):
         """Send an SA MAD on ``port`` to its SM with the core's credit limit (``sa_depth``,
         FIFO) and umad timeout/retries from the options. Returns the reply MAD; raises
         ``ibacm.fabric.api.SaTimeout`` / ``SaSendError``."""
+
+    def sa_start(self, port: CorePort, mad: bytes) -> SaCall | None:
+        """``sa_request`` without waiting, when it can go out now (a credit free, a port
+        that can: ``Port.sa_start``): the call, ended in the round that reads its reply; its
+        ``wait`` (retransmissions, time-out) is for the caller's task. None: use
+        ``sa_request``."""
+        return None
 
     async def sa_report(self, port: CorePort) -> bytes:
         """Wait for the next SubnAdmReport the SA sent to ``port`` (the events a provider

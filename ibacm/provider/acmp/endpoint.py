@@ -62,7 +62,7 @@ from ibacm.provider.acmp.keys import (
 )
 from ibacm.provider.acmp.protocol import PeerProtocol, peer_av
 from ibacm.provider.acmp.resolution import NOT_READY, Resolver
-from ibacm.provider.acmp.routes import SaOutcome, SaPaths, av_from_path, loopback_path
+from ibacm.provider.acmp.routes import SaOutcome, SaPaths, SaQuery, av_from_path, loopback_path
 from ibacm.provider.acmp.timers import Timers
 from ibacm.provider.acmp.traffic import EndpointTraffic, ResolveCredits
 from ibacm.wire.acm_mad import acm_request
@@ -559,6 +559,9 @@ class AcmpEndpoint:
 
     async def sa_get(self, query: PathRecord) -> SaOutcome:
         return await self.port.sa.get(query)
+
+    def sa_begin(self, query: PathRecord) -> SaQuery | None:
+        return self.port.sa.begin(query)
 
     async def _expiry_loop(self) -> None:
         while True:

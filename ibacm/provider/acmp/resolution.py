@@ -54,7 +54,13 @@ from ibacm.provider.acmp.keys import (
     key_type,
     lid_key,
 )
-from ibacm.provider.acmp.routes import SaOutcome, path_from_group, path_query, sa_phase_budget
+from ibacm.provider.acmp.routes import (
+    SaOutcome,
+    SaQuery,
+    path_from_group,
+    path_query,
+    sa_phase_budget,
+)
 from ibacm.provider.acmp.timers import Timer, Timers
 from ibacm.provider.api import Counter
 from ibacm.wire.acm_mad import acm_request
@@ -178,6 +184,10 @@ class ResolverHost(Protocol):
 
     def sa_get(self, query: PathRecord) -> Awaitable[SaOutcome]:
         """An SA PathRecord query within the route phase's budget."""
+
+    def sa_begin(self, query: PathRecord) -> SaQuery | None:
+        """``sa_get`` sent now, its answer given in the round that reads it (None: it
+        cannot go out now; ``sa_get`` waits its turn)."""
 
     def respond(self, entry: DestEntry, tid: int, status: int) -> None:
         """Answer the peer's request ``tid`` for our address."""
@@ -401,7 +411,9 @@ class Resolver:
             if source is not None and self._ask_now(entry, op, source, wake):
                 return op
         elif entry.state is EntryState.ADDR_RESOLVED:
-            cache.set_state(entry, EntryState.QUERY_ROUTE)
+            # The route not known here (``route_now`` was asked first): the SA's.
+            self._begin_route(entry, op)
+            return op
         if not self.ep.spawn(self._drive, entry, op, source):
             self._end(entry, op, AcmStatus.ENODATA, CLOSED)
         return op
@@ -435,12 +447,51 @@ class Resolver:
         state = entry.state
         if state is EntryState.READY or self.route_now(entry, trio.current_time()):
             self._end(entry, op, AcmStatus.SUCCESS)
-            return
-        if state is EntryState.ADDR_RESOLVED:
-            # At once: a peer's request in this round waits for the route (``peer_asked``).
-            self.cache.set_state(entry, EntryState.QUERY_ROUTE)
-        if not self.ep.spawn(self._drive, entry, op, flight.source):
+        elif state in (EntryState.ADDR_RESOLVED, EntryState.QUERY_ROUTE):
+            self._begin_route(entry, op)
+        elif not self.ep.spawn(self._drive, entry, op, flight.source):
             self._end(entry, op, AcmStatus.ENODATA, CLOSED)
+
+    def _begin_route(self, entry: DestEntry, op: Operation) -> None:
+        """The route phase from the round that needs it (the route not known here): the SA
+        query sent now (``SaQuery``), its answer ending the resolution in the round that
+        reads it; else the phase in the resolution's task."""
+        # At once: a peer's request in this round waits for the route (``peer_asked``).
+        self.cache.set_state(entry, EntryState.QUERY_ROUTE)
+        query = self._sa_query(entry)
+        started = self.ep.sa_begin(query) if query is not None else None
+        if started is None:
+            if not self.ep.spawn(self._drive, entry, op, None):
+                self._end(entry, op, AcmStatus.ENODATA, CLOSED)
+            return
+        self.counters.both(Counter.ROUTE_QUERY)
+        started.on_outcome = lambda outcome: self._route_answered(entry, op, outcome)
+        if not self.ep.spawn(started.run):
+            started.abandon()
+            self._end(entry, op, AcmStatus.ENODATA, CLOSED)
+
+    def _route_answered(self, entry: DestEntry, op: Operation, outcome: SaOutcome) -> None:
+        if not op.finished:
+            self._end(entry, op, *self._routed(entry, outcome))
+
+    def _sa_query(self, entry: DestEntry) -> PathRecord | None:
+        """The SA PathRecord query of the entry's route phase (None: no address known)."""
+        query = entry.route_query()
+        if query is not None and not any(query.sgid):
+            # Hosts-file entries: our port is the source (C looked it up by the client's IP).
+            query.sgid = self.ep.gid
+        return query
+
+    def _routed(self, entry: DestEntry, outcome: SaOutcome) -> Outcome:
+        """The route phase's end with the SA's answer: the entry READY with its record."""
+        if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
+            reason = outcome.reason or f"the SA answered the PathRecord query {outcome.status}"
+            return outcome.status or AcmStatus.ENODATA, reason
+        if entry.state is not EntryState.QUERY_ROUTE:
+            # The entry was dropped meanwhile (address removed).
+            return AcmStatus.ENODATA, "the entry was dropped during the SA query"
+        self._make_ready(entry, outcome.record, trio.current_time(), keep_av=False)
+        return AcmStatus.SUCCESS, ""
 
     def address_timed_out(self, flight: AddressFlight) -> None:
         flight.land()
@@ -595,7 +646,7 @@ class Resolver:
     async def _route_phase(self, entry: DestEntry) -> Outcome:
         ep = self.ep
         self.cache.set_state(entry, EntryState.QUERY_ROUTE)
-        query = entry.route_query()
+        query = self._sa_query(entry)
         if query is None:
             return AcmStatus.ENODATA, "no route query: the peer's address is not known"
         now = trio.current_time()
@@ -605,19 +656,8 @@ class Resolver:
             return AcmStatus.SUCCESS, ""
         if self.options.route_prot is RouteProt.ACM and self.route_from_group(entry, now):
             return AcmStatus.SUCCESS, ""
-        if not any(query.sgid):
-            # Hosts-file entries: our port is the source (C looked it up by the client's IP).
-            query.sgid = ep.gid
         self.counters.both(Counter.ROUTE_QUERY)
-        outcome = await ep.sa_get(query)
-        if outcome.status != AcmStatus.SUCCESS or outcome.record is None:
-            reason = outcome.reason or f"the SA answered the PathRecord query {outcome.status}"
-            return outcome.status or AcmStatus.ENODATA, reason
-        if entry.state is not EntryState.QUERY_ROUTE:
-            # The entry was dropped meanwhile (address removed).
-            return AcmStatus.ENODATA, "the entry was dropped during the SA query"
-        self._make_ready(entry, outcome.record, trio.current_time(), keep_av=False)
-        return AcmStatus.SUCCESS, ""
+        return self._routed(entry, await ep.sa_get(query))
 
     def _make_ready(
         self,

@@ -16,12 +16,13 @@ sent or the answer was unusable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
-from ibacm.fabric.api import AddressVector, FabricError, SaTimeout
+from ibacm.fabric.api import AddressVector, FabricError, SaCall, SaTimeout
 from ibacm.log import get_logger
 from ibacm.wire.client import AcmStatus
 from ibacm.wire.errors import WireError
@@ -101,23 +102,38 @@ class SaPaths:
             return SaOutcome(reply.sa_status), records
         return SaOutcome(AcmStatus.ETIMEDOUT, reason="GetTable timed out"), []
 
+    def begin(self, query: PathRecord, comp_mask: int | None = None) -> SaQuery | None:
+        """``get`` without waiting when the query can go out now (``CoreServices.sa_start``):
+        its outcome comes in the round that reads a usable answer (``SaQuery``); its ``run``
+        (the caller's task) drives the rest. None: use ``get``."""
+        tid = self.core.next_tid()
+        mad = build_path_get(tid, query, comp_mask)
+        try:
+            call = self.core.sa_start(self.port, mad)
+        except FabricError as exc:
+            log.debug("SA query not started", error=str(exc))
+            return None
+        if call is None:
+            return None
+        return SaQuery(self, query, comp_mask, tid, call)
+
     async def _until_not_busy(
-        self, query: PathRecord, comp_mask: int | None, *, table: bool
+        self, query: PathRecord, comp_mask: int | None, *, table: bool, delay: float = 0.0
     ) -> SaOutcome:
-        reply = await self._exchange_until_not_busy(query, comp_mask, table=table)
+        reply = await self._exchange_until_not_busy(query, comp_mask, table=table, delay=delay)
         if isinstance(reply, SaOutcome):
             return reply
-        try:
-            record = PathRecord.decode(reply.records(PATH_RECORD_LEN)[0])
-        except WireError as exc:
-            return SaOutcome(AcmStatus.ENODATA, reason=f"bad PathRecord in SA reply: {exc}")
-        return SaOutcome(reply.sa_status, record)
+        return record_outcome(reply)
 
     async def _exchange_until_not_busy(
-        self, query: PathRecord, comp_mask: int | None, *, table: bool
+        self, query: PathRecord, comp_mask: int | None, *, table: bool, delay: float = 0.0
     ) -> SaMad | SaOutcome:
-        delay = BUSY_BACKOFF_INITIAL
+        """The usable reply, or what ended the query; first after ``delay`` seconds (a
+        back-off already owed), and again after a growing pause while the SA is BUSY."""
         while True:
+            if delay:
+                await trio.sleep(delay)
+            delay = min(max(delay * 2, BUSY_BACKOFF_INITIAL), BUSY_BACKOFF_MAX)
             tid = self.core.next_tid()
             build = build_path_get_table if table else build_path_get
             mad = build(tid, query, comp_mask)
@@ -127,22 +143,109 @@ class SaPaths:
                 return SaOutcome(AcmStatus.ETIMEDOUT, reason="SA did not answer")
             except FabricError as exc:
                 return SaOutcome(AcmStatus.ENODATA, reason=f"SA MAD not sent: {exc}")
-            reply = check_path_reply(raw, tid, table=table)
-            if isinstance(reply, str):
-                return SaOutcome(AcmStatus.ENODATA, reason=reply)
-            generic = reply.generic_status
-            if generic & MadStatus.BUSY:
-                # The SA asks us to come back later: a fresh TID after a growing pause.
-                self.busy_retries += 1
-                log.debug("sa busy, backing off", delay=delay, tid=tid)
-                await trio.sleep(delay)
-                delay = min(delay * 2, BUSY_BACKOFF_MAX)
-                continue
-            if generic:
-                return SaOutcome(
-                    AcmStatus.ENODATA, reason=f"SA answered with MAD status 0x{generic:02x}"
-                )
-            return reply
+            judged = self.judge(raw, tid, table=table)
+            if judged is not None:
+                return judged
+
+    def judge(self, raw: bytes, tid: int, *, table: bool) -> SaMad | SaOutcome | None:
+        """The usable reply to query ``tid``; an outcome when the reply ends the query;
+        None when the SA is BUSY (asked again, with a fresh TID, after a pause)."""
+        reply = check_path_reply(raw, tid, table=table)
+        if isinstance(reply, str):
+            return SaOutcome(AcmStatus.ENODATA, reason=reply)
+        generic = reply.generic_status
+        if generic & MadStatus.BUSY:
+            self.busy_retries += 1
+            log.debug("sa busy, backing off", tid=tid)
+            return None
+        if generic:
+            return SaOutcome(
+                AcmStatus.ENODATA, reason=f"SA answered with MAD status 0x{generic:02x}"
+            )
+        return reply
+
+
+def record_outcome(reply: SaMad) -> SaOutcome:
+    """A usable PathRecord reply's outcome: its SA status and first record."""
+    try:
+        record = PathRecord.decode(reply.records(PATH_RECORD_LEN)[0])
+    except WireError as exc:
+        return SaOutcome(AcmStatus.ENODATA, reason=f"bad PathRecord in SA reply: {exc}")
+    return SaOutcome(reply.sa_status, record)
+
+
+class SaQuery:
+    """A PathRecord GET started without waiting (``SaPaths.begin``).
+
+    A usable answer (or a definite failure) is handed to ``on_outcome`` in the round that
+    reads it: the route phase ends there, and so does the client's wait. ``run``, in the
+    caller's task, drives the rest within the phase's budget, as ``SaPaths.get``: the
+    umad retransmissions, a time-out, a BUSY answer asked again after a back-off. The
+    outcome is given once."""
+
+    __slots__ = ("busy", "call", "comp_mask", "given", "on_outcome", "paths", "query", "tid")
+
+    def __init__(
+        self,
+        paths: SaPaths,
+        query: PathRecord,
+        comp_mask: int | None,
+        tid: int,
+        call: SaCall,
+    ) -> None:
+        self.paths = paths
+        self.query = query
+        self.comp_mask = comp_mask
+        self.tid = tid
+        self.call = call
+        self.given = False
+        self.busy = False
+        """The answer said BUSY: ``run`` asks again after a back-off."""
+        self.on_outcome: Callable[[SaOutcome], None] = lambda outcome: None
+        call.when_ended(self._ended)
+
+    def _ended(self, call: SaCall) -> None:
+        # The round that read the reply; a failure or BUSY is ``run``'s to handle.
+        if call.reply is None:
+            return
+        judged = self.paths.judge(call.reply, self.tid, table=False)
+        if judged is None:
+            self.busy = True
+        else:
+            self._give(judged if isinstance(judged, SaOutcome) else record_outcome(judged))
+
+    def _give(self, outcome: SaOutcome) -> None:
+        if self.given:
+            return
+        self.given = True
+        if outcome.status != AcmStatus.SUCCESS:
+            self.paths.failures += 1
+        self.on_outcome(outcome)
+
+    def abandon(self) -> None:
+        """Nobody will run it (the endpoint closed): the call ends, its credit returns."""
+        self.call.end(None, SaTimeout("the SA query was abandoned"))
+
+    async def run(self) -> None:
+        budget = sa_phase_budget(self.paths.core.options)
+        with trio.move_on_after(budget):
+            self._give(await self._rest())
+            return
+        self._give(SaOutcome(AcmStatus.ETIMEDOUT, reason=f"no usable SA answer within {budget:g}s"))
+
+    async def _rest(self) -> SaOutcome:
+        try:
+            await self.call.wait()
+        except SaTimeout:
+            return SaOutcome(AcmStatus.ETIMEDOUT, reason="SA did not answer")
+        except FabricError as exc:
+            return SaOutcome(AcmStatus.ENODATA, reason=f"SA MAD not sent: {exc}")
+        if self.busy:  # judged in the round of the answer; the rest as ``get`` does it
+            return await self.paths._until_not_busy(
+                self.query, self.comp_mask, table=False, delay=BUSY_BACKOFF_INITIAL
+            )
+        # Given in the round of the answer (``_ended`` judged ``raw``): nothing is left.
+        return SaOutcome(AcmStatus.SUCCESS)
 
 
 def check_path_reply(raw: bytes, tid: int, *, table: bool) -> SaMad | str:

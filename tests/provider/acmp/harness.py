@@ -18,8 +18,9 @@ from typing import Any
 import trio
 
 from ibacm.config.options import Options
-from ibacm.core.sa import SaChannel, TidCounter
-from ibacm.fabric.api import Device, PortEventType, SaSendError
+from ibacm.core.sa import SaChannel
+from ibacm.core.services import DaemonServices
+from ibacm.fabric.api import Device, PortEventType
 from ibacm.fabric.sim.fabric import SimFabric
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
@@ -30,7 +31,6 @@ from ibacm.provider.api import (
     CoreDevice,
     CoreEndpoint,
     CorePort,
-    CoreServices,
     Counters,
     ResolveRequest,
     ResolveResult,
@@ -39,33 +39,20 @@ from ibacm.wire.client import AddrType, EpAddr, EpFlag
 from ibacm.wire.path_record import PathRecord
 
 
-class TestCore(CoreServices):
-    """CoreServices of one node."""
+class TestCore(DaemonServices):
+    """The daemon's CoreServices for one node, its published events kept in ``events``."""
 
     __test__ = False
 
     def __init__(self, options: Options) -> None:
-        self.options = options
-        self.counters = Counters()
-        self.tids = TidCounter()
-        self.channels: dict[CorePort, SaChannel] = {}
+        super().__init__(options, Counters(), None)
         self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def next_tid(self) -> int:
-        return self.tids.next()
-
-    async def sa_request(self, port: CorePort, mad: bytes) -> bytes:
-        channel = self.channels.get(port)
-        if channel is None:
-            raise SaSendError("port is not up")
-        return await channel.request(
-            mad,
-            timeout_ms=self.options.effective_sa_timeout,
-            retries=self.options.effective_sa_retries,
-        )
 
     def publish(self, kind: str, data: Mapping[str, Any]) -> None:
         self.events.append((kind, dict(data)))
+
+    def wants(self, kind: str) -> bool:
+        return True  # every event is kept
 
 
 @dataclass(eq=False)
@@ -119,7 +106,7 @@ class Node:
         assert self._nursery is not None
         scope, nursery = await self._nursery.start(_port_nursery)
         core_port = CorePort(core_device, port, num, attrs, nursery)
-        self.core.channels[core_port] = SaChannel(port, attrs, self.core.options.sa_depth)
+        self.core.sa_channels[core_port] = SaChannel(port, attrs, self.core.options.sa_depth)
         ctx = await self.provider.open_port(core_port, dev_ctx)
         opened = OpenPort(core_port, ctx, scope)
         self.ports[device.name, num] = opened
@@ -160,7 +147,7 @@ class Node:
         for _endpoint, ep_ctx in opened.endpoints:
             await self.provider.close_endpoint(ep_ctx)
         await self.provider.close_port(opened.ctx)
-        self.core.channels.pop(opened.core_port, None)
+        self.core.sa_channels.pop(opened.core_port, None)
 
     async def _events(self, device: Device, core_device: CoreDevice, dev_ctx: object) -> None:
         while True:
@@ -185,7 +172,7 @@ class Node:
                 if event.type is PortEventType.SM_CHANGE:
                     attrs = await device.port(event.port_num).query()
                     opened.core_port.attrs = attrs
-                    self.core.channels[opened.core_port].update(attrs)
+                    self.core.sa_channels[opened.core_port].update(attrs)
                 await self.provider.handle_event(opened.ctx, event.type)
 
     # -- requests -------------------------------------------------------------------------

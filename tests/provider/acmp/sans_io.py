@@ -33,7 +33,7 @@ from ibacm.provider.acmp.protocol import (
     peer_av,
 )
 from ibacm.provider.acmp.resolution import Resolver
-from ibacm.provider.acmp.routes import SaOutcome, loopback_path, sa_phase_budget
+from ibacm.provider.acmp.routes import SaOutcome, SaQuery, loopback_path, sa_phase_budget
 from ibacm.provider.acmp.timers import Timers
 from ibacm.provider.acmp.traffic import ResolveCredits
 from ibacm.provider.api import Counters
@@ -138,6 +138,9 @@ class Side:
         budget = sa_phase_budget(self.options)
         await trio.sleep(budget)  # as ``SaPaths.get``: the phase's budget ends the query
         return SaOutcome(AcmStatus.ETIMEDOUT, reason=f"no SA answer within {budget:g}s")
+
+    def sa_begin(self, query: PathRecord) -> SaQuery | None:
+        return None  # queries go through ``sa_get`` here (the harness starts them for real)
 
     def respond(self, entry: DestEntry, tid: int, status: int) -> None:
         self.apply(self.protocol.response(entry, tid, status), math.nan)

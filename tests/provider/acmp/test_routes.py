@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from ibacm.config.options import Options
-from ibacm.fabric.api import SaSendError, SaTimeout
+from ibacm.fabric.api import SaCall, SaSendError, SaTimeout
 from ibacm.provider.acmp.routes import (
+    SaOutcome,
     SaPaths,
     address_query,
     av_from_path,
@@ -184,3 +186,85 @@ def test_address_vector_from_a_path() -> None:
     assert (av.dlid, av.dgid, av.sl, av.static_rate, av.sgid_index) == (5, GID_B, 4, 7, 1)
     assert (av.flow_label, av.hop_limit, av.traffic_class) == (0x54321, 0x40, 7)
     assert av.src_path_bits == 3  # the LMC bits of our SLID
+
+
+# -- a query started without waiting (``SaPaths.begin``, ``SaQuery``) ------------------------
+
+
+class StartingSa(FakeSa):
+    """``FakeSa`` whose first query is started (``sa_start``): the test ends the call."""
+
+    def __init__(self, replies: list[Reply | BaseException]) -> None:
+        super().__init__(replies)
+        self.calls: list[SaCall] = []
+        self.driven = 0
+
+    def sa_start(self, port: CorePort, mad: bytes) -> SaCall | None:
+        if self.calls:
+            return None  # one at a time, as one credit would allow
+        self.sent.append(mad)
+
+        async def drive(call: SaCall) -> None:
+            self.driven += 1
+            await trio.sleep(1)  # the umad time-out, unless the reply ended it first
+            call.end(None, SaTimeout("no answer"))
+
+        call = SaCall(drive)
+        self.calls.append(call)
+        return call
+
+
+@pytest.mark.trio
+async def test_a_started_query_gives_its_outcome_in_the_round_of_the_answer(
+    autojump_clock: object,
+) -> None:
+    core = StartingSa([])
+    sa = SaPaths(core, object())  # type: ignore[arg-type]
+    query = sa.begin(address_query(GID_A, GID_B, 0, 0xFFFF))
+    assert query is not None and len(core.sent) == 1  # sent before begin returned
+    outcomes: list[SaOutcome] = []
+    query.on_outcome = outcomes.append
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(query.run)
+        await trio.testing.wait_all_tasks_blocked()
+        (call,) = core.calls
+        call.end(answer()(core.sent[0]))  # the backend read the reply
+        assert [o.status for o in outcomes] == [AcmStatus.SUCCESS]  # before run resumed
+        assert outcomes[0].record is not None and outcomes[0].record.dlid == 5
+    assert len(outcomes) == 1 and sa.failures == 0  # run gave nothing more
+    # Without a credit (or a port that can start), the query is not begun.
+    assert sa.begin(PathRecord(dlid=9)) is None
+
+
+@pytest.mark.trio
+async def test_a_started_query_that_is_busy_or_unanswered_ends_through_run(
+    autojump_clock: object,
+) -> None:
+    # BUSY in the round of the answer: asked again by run after a pause (``sa_request``).
+    core = StartingSa([answer()])
+    sa = SaPaths(core, object())  # type: ignore[arg-type]
+    query = sa.begin(PathRecord(dlid=5))
+    assert query is not None
+    outcomes: list[SaOutcome] = []
+    query.on_outcome = outcomes.append
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(query.run)
+        await trio.testing.wait_all_tasks_blocked()
+        core.calls[0].end(answer(status=0x0001)(core.sent[0]))
+        assert outcomes == []
+    assert [o.status for o in outcomes] == [AcmStatus.SUCCESS] and sa.busy_retries == 1
+    assert core.times and len(core.sent) == 2  # the second one waited for its pause
+    # No answer: the call's time-out ends the query ETIMEDOUT, counted once.
+    core = StartingSa([])
+    sa = SaPaths(core, object())  # type: ignore[arg-type]
+    query = sa.begin(PathRecord(dlid=5))
+    assert query is not None
+    query.on_outcome = outcomes.append
+    await query.run()
+    assert outcomes[-1].status == AcmStatus.ETIMEDOUT and sa.failures == 1
+    # Abandoned (nobody runs it): the call ends, so its credit comes back.
+    core = StartingSa([])
+    query = SaPaths(core, object()).begin(PathRecord(dlid=5))  # type: ignore[arg-type]
+    assert query is not None
+    query.abandon()
+    assert core.calls[0].ended and core.driven == 0
