@@ -110,3 +110,33 @@ async def test_sa_request_on_a_port_that_is_down(tmp_path: Path) -> None:
 def test_services_hand_out_daemon_wide_tids() -> None:
     services = DaemonServices(Options(), Counters(), None)
     assert [services.next_tid() for _ in range(3)] == [1, 2, 3]
+
+
+@pytest.mark.trio
+async def test_a_started_request_holds_its_credit_until_its_reply(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``SaChannel.start``: sent at once with a free credit, ended in the round the reply
+    is read; with no credit free it is not started (``request`` waits its turn)."""
+    world = SimWorld(generate(2))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(world.run)
+        device = (await world.fabric("node1").open())[0]
+        port = device.port(1)
+        channel = SaChannel(port, await port.query(), 1)
+        call = channel.start(await _path_query(world, 7), timeout_ms=100, retries=1)
+        assert call is not None and channel.in_flight == 1 and channel.sent == 1
+        assert channel.start(await _path_query(world, 8), timeout_ms=100, retries=1) is None
+        replies: list[bytes] = []
+        call.when_ended(lambda ended: replies.append(ended.result()))
+        reply = await call.wait()
+        assert replies == [reply] and SaMad.decode(reply).mad.tid & 0xFFFFFFFF == 7
+        assert channel.in_flight == 0 and channel.failed == 0
+        # Unanswered (the SA is gone): ended by the drive's time-out, counted failed.
+        world.faults.sa_down = True
+        lost = channel.start(await _path_query(world, 9), timeout_ms=100, retries=1)
+        assert lost is not None
+        with pytest.raises(SaTimeout):
+            await lost.wait()
+        assert trio.current_time() >= 0.2 and channel.in_flight == 0 and channel.failed == 1
+        nursery.cancel_scope.cancel()
