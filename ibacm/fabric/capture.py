@@ -9,7 +9,8 @@ ports to the registered observers, with the addressing the wrapped calls know:
   layer's retransmissions happen below the interface, so a request appears once, and its
   upper TID bits are as the daemon gave them (the kernel's agent number is only visible in
   the answer). A started call is traced with the port attributes last queried and its
-  answer in the round the backend ends it, before the caller's ``when_ended`` waiters run;
+  answer in the round the backend ends it, before the caller's ``when_ended`` waiters run
+  (a call its caller's cancellation abandons has no exchange, as a cancelled ``sa_send``);
   ``sa_send`` is a started call's ``wait`` where the backend can start calls;
 * ACM MADs (``UdQp.send``/``post``, ``receive``/``serve``): LIDs and QPNs from the address
   vector or the work completion, P_Key of the QP, Q_Key 0x80010000 and always a GRH (ACM
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import io
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -416,7 +418,9 @@ class TapPort(Port):
             # In the round that read the answer: traced first, then the caller's waiters.
             if call.reply is not None:
                 self._answered(mad, call.reply, lid, dest, pkey, started)
-            elif call.error is not None:
+            elif call.error is not None and trio.current_effective_deadline() != -math.inf:
+                # Not when its caller's cancellation abandoned it (``SaCall.wait``): a
+                # cancelled ``sa_send`` has no exchange either.
                 self._exchange(mad, _outcome(call.error), started)
             outer.end(call.reply, call.error)
 

@@ -265,7 +265,7 @@ async def test_the_tap_traces_a_started_call_as_a_sent_one(tmp_path: Path) -> No
             try:
                 return await call.wait()
             finally:
-                assert seen == [1]
+                assert seen == [len(recorder.exchanges)]  # nothing traced after the end
 
         async def through_send(mad: bytes, dest: SaDestination, timeout_ms: int) -> bytes:
             return await sent.sa_send(mad, dest, timeout_ms=timeout_ms, retries=1)
@@ -300,4 +300,11 @@ async def test_the_tap_traces_a_started_call_as_a_sent_one(tmp_path: Path) -> No
                 a.dest.sm_lid,
             )
             assert all(len(t.mad) == MAD_SIZE for t in traces)
+        # A call its caller abandons (cancelled, the SA still silent) has no exchange.
+        for run in (through_start, through_send):
+            with trio.move_on_after(0.2) as scope:
+                await run(path_get(8, a, b), a.dest, 60_000)
+            assert scope.cancelled_caught
+            traces, exchanges = recorder.take()
+            assert [t.mad for t in traces] == [path_get(8, a, b)] and exchanges == []
         await tap.aclose()
