@@ -308,3 +308,23 @@ async def test_the_tap_traces_a_started_call_as_a_sent_one(tmp_path: Path) -> No
             traces, exchanges = recorder.take()
             assert [t.mad for t in traces] == [path_get(8, a, b)] and exchanges == []
         await tap.aclose()
+
+
+@pytest.mark.trio
+async def test_calls_on_their_way_end_when_the_hub_goes_away(tmp_path: Path) -> None:
+    world = SimWorld(generate(2))
+    async with running(world):
+        async with trio.open_nursery() as nursery:
+            path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
+            fabric = HubFabric(path, "node1")
+            a = await open_node(fabric)
+            await hub_call(path, {"op": "faults", "set": {"sa_down": "on"}})
+            call = a.port.sa_start(path_get(1, a, a), a.dest, timeout_ms=60_000, retries=0)
+            assert call is not None
+            await hub_call(path, {"op": "shutdown"})
+        # Its time-out is far: the lost connection ended it.
+        with trio.fail_after(10), pytest.raises(SaSendError, match="hub connection lost"):
+            await call.wait()
+        with pytest.raises(SaSendError, match="hub connection lost"):
+            a.port.sa_start(path_get(2, a, a), a.dest, timeout_ms=100, retries=0)
+        await fabric.aclose()

@@ -4,7 +4,7 @@
 world served by ``serve_hub`` (hub.py): UD sends/receives, SA MADs (with umad semantics,
 ``UmadAgent``), port queries, events and IP addresses. When the hub connection drops, every
 port goes DOWN: a PORT_ERR per port, queries answer DOWN, sends fail (PortDownError,
-SaSendError).
+SaSendError), and SA requests on their way end with SaSendError.
 
 It needs no task of its own: whichever caller is waiting (for a receive, an event, a reply)
 reads the socket and hands the frames to everyone, one reader at a time, so it works with the
@@ -521,7 +521,7 @@ class HubPort(Port):
 
     def _transmit(self, wire: bytes, dest: SaDestination) -> None:
         """Hand one SA MAD to the hub (an SA_POST), to go to ``dest`` as it is. Never waits:
-        SA MADs are few (the daemon's credits bound them), so one goes behind whatever the
+        SA MADs are few (the daemon's sa_depth bounds them), so one goes behind whatever the
         outbound buffer holds rather than failing with SendQueueFull."""
         try:
             data = hp.encode_sa_post(
@@ -680,9 +680,12 @@ class HubFabric(Fabric):
             qp.hand_over()
 
     def _on_lost(self) -> None:
+        reason = self._link.lost if self._link is not None else None
         for device in self.devices:
             for num in sorted(device.ports):
                 device.events.append(PortEvent(num, PortEventType.PORT_ERR))
+                # No answer can come: the requests end now, not at their time-outs.
+                device.ports[num].agent.fail_all(SaSendError(f"hub connection lost: {reason}"))
 
     async def interface_addresses(self) -> Sequence[InterfaceAddress]:
         self.check_open()

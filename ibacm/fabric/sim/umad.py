@@ -6,7 +6,8 @@ One ``UmadAgent`` per port (an agent registered for class 0x03). ``start`` rewri
 the call's ``wait`` transmits it again, ``retries`` times, each after ``timeout_ms`` without a
 response whose TID matches on the low 32 bits. ``deliver`` reassembles RMPP responses
 (GetTable) and ends the call with the whole MAD in the round that read it; ``fail`` ends it
-with an error the transport reported late (the hub's SA_POST_ERROR). Responses are returned
+with an error the transport reported late (the hub's SA_POST_ERROR), ``fail_all`` every
+request when the transport is gone. Responses are returned
 with the TID as it came back (upper bits = agent number), so callers that compare all 64 bits
 are caught, like on real hardware.
 
@@ -130,6 +131,12 @@ class UmadAgent:
             return False
         waiter.fail(error)
         return True
+
+    def fail_all(self, error: FabricError) -> None:
+        """End every outstanding request with ``error`` (the transport is gone)."""
+        for waiter in list(self._waiters.values()):
+            if not waiter.done.is_set():
+                waiter.fail(error)
 
     def _check(self, mad: bytes, timeout_ms: int, retries: int) -> tuple[int, bytes]:
         """The TID's low bits and the MAD as it goes out (our agent number above them)."""
