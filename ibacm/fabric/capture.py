@@ -3,11 +3,15 @@
 ``TapFabric`` wraps a backend (hardware or simulated) and hands each MAD that crosses its
 ports to the registered observers, with the addressing the wrapped calls know:
 
-* SA MADs (``Port.sa_send``): the request from the port LID to the SM LID, QP1 to QP1, Q_Key
-  0x80010000, P_Key of the SA P_Key index; its answer the other way round (an RMPP answer is
-  shown as its segments). The umad layer's retransmissions happen below the interface, so a
-  request appears once, and its upper TID bits are as the daemon gave them (the kernel's
-  agent number is only visible in the answer);
+* SA MADs (``Port.sa_start``/``sa_send``): the request from the port LID to the SM LID, QP1
+  to QP1, Q_Key 0x80010000, P_Key of the SA P_Key index; its answer the other way round (an
+  RMPP answer is shown as its segments), then the exchange with its outcome. The umad
+  layer's retransmissions happen below the interface, so a request appears once, and its
+  upper TID bits are as the daemon gave them (the kernel's agent number is only visible in
+  the answer). A started call is traced with the port attributes last queried and its
+  answer in the round the backend ends it, before the caller's ``when_ended`` waiters run
+  (a call its caller's cancellation abandons has no exchange, as a cancelled ``sa_send``);
+  ``sa_send`` is a started call's ``wait`` where the backend can start calls;
 * ACM MADs (``UdQp.send``/``post``, ``receive``/``serve``): LIDs and QPNs from the address
   vector or the work completion, P_Key of the QP, Q_Key 0x80010000 and always a GRH (ACM
   always sends one). A received GRH's traffic class, flow label and hop limit are not
@@ -31,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import io
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,6 +61,7 @@ from ibacm.fabric.api import (
     PortAttributes,
     PortEvent,
     ReceivedMad,
+    SaCall,
     SaDestination,
     SaSendError,
     SaTimeout,
@@ -177,13 +183,14 @@ class SaOutcome(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class SaExchange:
-    """One ``sa_send`` from request to answer (or failure), retransmissions included."""
+    """One SA request (``sa_start``/``sa_send``) from its send to its answer (or failure),
+    retransmissions included."""
 
     port: str
     request: bytes
     outcome: SaOutcome
     latency: float
-    """Seconds from the call to its return (trio clock)."""
+    """Seconds from the send to the end (trio clock)."""
     status: int | None = None
     """MAD status word of the answer; None without an answer."""
 
@@ -306,6 +313,14 @@ def _pkey_at(attrs: PortAttributes | None, index: int) -> int:
     return _DEFAULT_PKEY
 
 
+def _outcome(error: FabricError) -> SaOutcome:
+    if isinstance(error, SaTimeout):
+        return SaOutcome.TIMEOUT
+    if isinstance(error, SaSendError):
+        return SaOutcome.SEND_ERROR
+    return SaOutcome.ERROR
+
+
 def _sa_segments(answer: bytes) -> list[bytes]:
     """The 256-byte MADs an answer arrived as (RMPP answers come back reassembled)."""
     if len(answer) <= MAD_SIZE:
@@ -355,27 +370,73 @@ class TapPort(Port):
         if not tap.observers:
             return await self.inner.sa_send(mad, dest, timeout_ms=timeout_ms, retries=retries)
         attrs = await self.known_attrs()
+        call = self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        if call is not None:
+            return await call.wait()
+        # A backend that cannot start calls: the same traces around its sa_send.
         lid = attrs.lid if attrs is not None else 0
         pkey = _pkey_at(attrs, dest.pkey_index)
         started = trio.current_time()
         tap.emit(self._sa_trace(Direction.SENT, started, mad, lid, dest, pkey))
         try:
             answer = await self.inner.sa_send(mad, dest, timeout_ms=timeout_ms, retries=retries)
-        except SaTimeout:
-            self._exchange(mad, SaOutcome.TIMEOUT, started)
+        except FabricError as exc:
+            self._exchange(mad, _outcome(exc), started)
             raise
-        except SaSendError:
-            self._exchange(mad, SaOutcome.SEND_ERROR, started)
+        self._answered(mad, answer, lid, dest, pkey, started)
+        return answer
+
+    def sa_start(
+        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
+    ) -> SaCall | None:
+        tap = self.tap
+        if not tap.observers:
+            return self.inner.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        # Nothing may be awaited here: the attributes the daemon last queried.
+        attrs = self.attrs
+        lid = attrs.lid if attrs is not None else 0
+        pkey = _pkey_at(attrs, dest.pkey_index)
+        started = trio.current_time()
+        try:
+            inner = self.inner.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        except FabricError as exc:
+            tap.emit(self._sa_trace(Direction.SENT, started, mad, lid, dest, pkey))
+            self._exchange(mad, _outcome(exc), started)
             raise
-        except FabricError:
-            self._exchange(mad, SaOutcome.ERROR, started)
-            raise
+        if inner is None:
+            return None
+        tap.emit(self._sa_trace(Direction.SENT, started, mad, lid, dest, pkey))
+
+        async def drive(_: SaCall) -> None:
+            # The inner call's end ends this one (below); its failure is raised by ``wait``.
+            with contextlib.suppress(FabricError):
+                await inner.wait()
+
+        outer = SaCall(drive)
+
+        def traced(call: SaCall) -> None:
+            # In the round that read the answer: traced first, then the caller's waiters.
+            if call.reply is not None:
+                self._answered(mad, call.reply, lid, dest, pkey, started)
+            elif call.error is not None and trio.current_effective_deadline() != -math.inf:
+                # Not when its caller's cancellation abandoned it (``SaCall.wait``): a
+                # cancelled ``sa_send`` has no exchange either.
+                self._exchange(mad, _outcome(call.error), started)
+            outer.end(call.reply, call.error)
+
+        inner.when_ended(traced)
+        return outer
+
+    def _answered(
+        self, mad: bytes, answer: bytes, lid: int, dest: SaDestination, pkey: int, started: float
+    ) -> None:
+        """Trace an answer (as the segments it came in) and its exchange."""
+        tap = self.tap
         now = trio.current_time()
         for segment in _sa_segments(answer):
             tap.emit(self._sa_trace(Direction.RECEIVED, now, segment, lid, dest, pkey))
         status = int.from_bytes(answer[4:6], "big") if len(answer) >= 6 else None
         self._exchange(mad, SaOutcome.OK, started, status)
-        return answer
 
     async def sa_report(self) -> bytes:
         report = await self.inner.sa_report()

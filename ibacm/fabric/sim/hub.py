@@ -5,9 +5,9 @@
 through it: UD sends/receives, SA MADs, port queries, events and IP addresses (framing in
 ``hub_protocol``). The hub never blocks the fabric on a slow client: UD MADs for a client that
 stops reading are dropped once its queue is full, as an RNR drop would, and so are the
-POST_ERROR answers to its failed posts once that many control frames wait (counted in the
-``post_error_dropped`` stat). Control clients (``ibacm-sim fault ...``, ``hub_call``) change
-faults, flap ports, move the SM and so on.
+POST_ERROR / SA_POST_ERROR answers to its failed posts once that many control frames wait
+(counted in the ``post_error_dropped`` stat). Control clients (``ibacm-sim fault ...``,
+``hub_call``) change faults, flap ports, move the SM and so on.
 
 ``python -m ibacm.fabric.sim.hub --dir DIR ...`` runs a hub as its own process (what
 ``ibacm-sim up`` starts): it writes DIR/topology.json and DIR/hub.pid, serves DIR/hub.sock,
@@ -170,8 +170,8 @@ class _Session:
                 self._ud_post(item.body)
             elif item.type == FrameType.UD_SEND:
                 self._ud_send(item.body)
-            elif item.type == FrameType.SA_SEND:
-                self._sa_send(item.body)
+            elif item.type == FrameType.SA_POST:
+                self._sa_post(item.body)
             elif item.type == FrameType.CALL:
                 self._call(item.body)
             elif item.type == FrameType.STAT:
@@ -187,12 +187,16 @@ class _Session:
         try:
             self._ud_transmit(handle, remote_qpn, av, mad)
         except FabricError as exc:
-            # Not with the droppable MADs: each one is a completion error the client counts.
-            # Only a client that posts bad MADs and stops reading meets the bound.
-            if len(self.control) < DATA_QUEUE_LIMIT:
-                self.push(hp.encode_post_error(handle, str(exc)))
-            else:
-                self.world.stats["post_error_dropped"] += 1
+            self._post_failed(hp.encode_post_error(handle, str(exc)))
+
+    def _post_failed(self, answer: bytes) -> None:
+        """Tell the client a post failed (POST_ERROR, SA_POST_ERROR)."""
+        # Not with the droppable MADs: each one is a failure the client counts or attributes.
+        # Only a client that posts bad MADs and stops reading meets the bound.
+        if len(self.control) < DATA_QUEUE_LIMIT:
+            self.push(answer)
+        else:
+            self.world.stats["post_error_dropped"] += 1
 
     def _ud_send(self, body: bytes) -> None:
         call_id, handle, remote_qpn, av, mad = hp.decode_ud_send(body)
@@ -209,15 +213,14 @@ class _Session:
             raise FabricError(f"no QP with handle {handle}")
         self.world.delivery.ud_send(qp.qp, mad, av, remote_qpn)
 
-    def _sa_send(self, body: bytes) -> None:
-        call_id, device, port, sm_lid, sm_sl, pkey_index, mad = hp.decode_sa_send(body)
+    def _sa_post(self, body: bytes) -> None:
+        device, port, sm_lid, sm_sl, pkey_index, mad = hp.decode_sa_post(body)
         try:
             runtime = self._port(device, port)
             self.world.sa_transport.transmit(runtime, mad, SaDestination(sm_lid, sm_sl, pkey_index))
         except FabricError as exc:
-            self.push(hp.encode_reply(call_id, error=exc))
-        else:
-            self.push(hp.encode_ok(call_id))
+            tid = int.from_bytes(mad[8:16], "big")  # the MAD header's TID, for the client
+            self._post_failed(hp.encode_sa_post_error(device, port, tid, str(exc)))
 
     def _call(self, body: bytes) -> None:
         call_id, request = hp.decode_json_body(body)

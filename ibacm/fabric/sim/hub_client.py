@@ -4,7 +4,7 @@
 world served by ``serve_hub`` (hub.py): UD sends/receives, SA MADs (with umad semantics,
 ``UmadAgent``), port queries, events and IP addresses. When the hub connection drops, every
 port goes DOWN: a PORT_ERR per port, queries answer DOWN, sends fail (PortDownError,
-SaSendError).
+SaSendError), and SA requests on their way end with SaSendError.
 
 It needs no task of its own: whichever caller is waiting (for a receive, an event, a reply)
 reads the socket and hands the frames to everyone, one reader at a time, so it works with the
@@ -21,6 +21,12 @@ frame is therefore never split by another one, and a cancelled caller cannot lea
 one. ``post`` (a UD_POST frame) is answered only when it fails; that POST_ERROR counts in the
 QP's ``completion_errors``. ``post`` raises SendQueueFull while the buffer holds
 ``OUTBOUND_LIMIT`` bytes; calls wait for room instead.
+
+SA MADs go the same way, as SA_POST frames (``HubPort.sa_start``, its retransmissions and
+``sa_post``): the MAD is written before ``sa_start`` returns, and its reply (SA_RECV), read by
+whichever task reads, ends the ``SaCall`` in that round. A MAD the hub cannot send comes back
+as an SA_POST_ERROR that ends its request with SaSendError, or is counted in the port's
+``sa_post_errors`` when no request owns it.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from ibacm.fabric.api import (
     PortState,
     PortTableDevice,
     ReceivedMad,
+    SaCall,
     SaDestination,
     SaSendError,
     SaTimeout,
@@ -447,6 +454,8 @@ class HubPort(Port):
         link = device.fabric.link
         self.agent = UmadAgent(agent_id, wait_for=link.until_set)
         self.last: PortAttributes | None = None
+        self.sa_post_errors = 0
+        """SA MADs the hub could not send that no outstanding request owned (a ReportResp)."""
 
     @property
     def port_num(self) -> int:
@@ -490,43 +499,48 @@ class HubPort(Port):
     async def sa_send(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
+
+    def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
         self.device.fabric.check_open()
 
-        async def transmit(wire: bytes) -> None:
-            await self._transmit(wire, dest)
+        def transmit(wire: bytes) -> None:
+            self._transmit(wire, dest)
 
-        return await self.agent.send(mad, transmit, timeout_ms=timeout_ms, retries=retries)
+        return self.agent.start(mad, transmit, timeout_ms=timeout_ms, retries=retries)
 
     async def sa_report(self) -> bytes:
         self.device.fabric.check_open()
         return await self.agent.next_report()
 
     async def sa_post(self, mad: bytes, dest: SaDestination) -> None:
-        fabric = self.device.fabric
-        fabric.check_open()
-        await self._transmit(mad, dest)
+        self.device.fabric.check_open()
+        await trio.lowlevel.checkpoint()
+        self._transmit(mad, dest)
 
-    async def _transmit(self, wire: bytes, dest: SaDestination) -> None:
-        """Hand one SA MAD to the hub, to go to ``dest`` as it is."""
-        link = self.device.fabric.link
-        call_id, call = link.new_call()
+    def _transmit(self, wire: bytes, dest: SaDestination) -> None:
+        """Hand one SA MAD to the hub (an SA_POST), to go to ``dest`` as it is. Never waits:
+        SA MADs are few (the daemon's sa_depth bounds them), so one goes behind whatever the
+        outbound buffer holds rather than failing with SendQueueFull."""
         try:
-            data = hp.encode_sa_send(
-                call_id,
-                self.device.index,
-                self._num,
-                dest.sm_lid,
-                dest.sm_sl,
-                dest.pkey_index,
-                wire,
+            data = hp.encode_sa_post(
+                self.device.index, self._num, dest.sm_lid, dest.sm_sl, dest.pkey_index, wire
             )
+            self.device.fabric.link.write(data)
         except hp.HubProtocolError as exc:
-            link._calls.pop(call_id, None)
             raise SaSendError(str(exc)) from exc
-        try:
-            await link.finish(call_id, call, data)
         except HubConnectionLost as exc:
             raise SaSendError(f"hub connection lost: {exc}") from exc
+
+    def sa_post_failed(self, tid: int, message: str) -> bool:
+        """The hub could not send an SA MAD we posted (its SA_POST_ERROR): the request it
+        belongs to ends with SaSendError (true), or, none waiting, it is counted."""
+        if self.agent.fail(tid, SaSendError(f"the hub could not send the SA MAD: {message}")):
+            return True
+        self.sa_post_errors += 1
+        log.debug("posted SA MAD failed", port=self._num, tid=f"{tid:#x}", error=message)
+        return False
 
     async def open_ud(self, pkey_index: int, *, recv_depth: int) -> UdQp:
         if recv_depth < 1:
@@ -635,10 +649,17 @@ class HubFabric(Fabric):
             if failed is not None:
                 failed.post_failed(message)
             return False
+        if item.type == FrameType.SA_POST_ERROR:
+            index, num, tid, message = hp.decode_sa_post_error(item.body)
+            port = self._port(index, num)
+            # An ended request is news for the task in its ``wait``, a counted failure not.
+            return port is not None and port.sa_post_failed(tid, message)
         if item.type == FrameType.SA_RECV:
             index, num, mad = hp.decode_sa_recv(item.body)
-            if 0 <= index < len(self.devices) and num in self.devices[index].ports:
-                self.devices[index].ports[num].agent.deliver(mad)
+            port = self._port(index, num)
+            if port is not None:
+                # Ends the request in this round: its ``when_ended`` waiters run here.
+                port.agent.deliver(mad)
         elif item.type == FrameType.EVENT:
             index, num, kind = hp.decode_event(item.body)
             if 0 <= index < len(self.devices):
@@ -648,15 +669,23 @@ class HubFabric(Fabric):
             self.ip_events.append(IpEvent(bool(raw["added"]), hp.address_from_json(raw)))
         return True
 
+    def _port(self, index: int, num: int) -> HubPort | None:
+        if 0 <= index < len(self.devices):
+            return self.devices[index].ports.get(num)
+        return None
+
     def _on_round(self) -> None:
         fed, self.fed = self.fed, []
         for qp in fed:
             qp.hand_over()
 
     def _on_lost(self) -> None:
+        reason = self._link.lost if self._link is not None else None
         for device in self.devices:
             for num in sorted(device.ports):
                 device.events.append(PortEvent(num, PortEventType.PORT_ERR))
+                # No answer can come: the requests end now, not at their time-outs.
+                device.ports[num].agent.fail_all(SaSendError(f"hub connection lost: {reason}"))
 
     async def interface_addresses(self) -> Sequence[InterfaceAddress]:
         self.check_open()

@@ -6,17 +6,23 @@ JSON. ``FrameDecoder`` turns a byte stream into frames (sans-I/O: feed bytes, ge
 the ``encode_*`` / ``decode_*`` functions build and read each body.
 
 Client -> hub: CALL (id + JSON request), UD_SEND (id, QP handle, remote QPN, address vector,
-MAD), UD_POST (QP handle, remote QPN, address vector, MAD: no id), SA_SEND (id, device index,
-port, SM LID/SL, P_Key index, MAD), STAT (JSON counts).
+MAD), UD_POST (QP handle, remote QPN, address vector, MAD: no id), SA_POST (device index,
+port, SM LID/SL, P_Key index, MAD: no id), STAT (JSON counts).
 Hub -> client: REPLY (id + JSON result or error), OK (id), UD_RECV (QP handle, GRH and
 completion fields, MAD), SA_RECV (device index, port, MAD), EVENT (device index, port,
-event code), IP_EVENT (JSON), POST_ERROR (QP handle + UTF-8 message).
+event code), IP_EVENT (JSON), POST_ERROR (QP handle + UTF-8 message), SA_POST_ERROR (device
+index, port, the MAD's 64-bit TID + UTF-8 message).
 
 A UD_SEND is answered, OK or an error REPLY, so its sender can wait for the completion. A
 UD_POST is ``ibv_post_send``: a success is not answered at all (no round trip per MAD), a
 failure (unknown QP, port down, bad destination) is answered with a POST_ERROR naming the
-QP, which the client counts as a completion error of that QP. A malformed frame of either
-kind is reported on the hub's stderr and skipped, as every malformed frame is.
+QP, which the client counts as a completion error of that QP. An SA_POST is ``umad_send``
+of one SA MAD, answered likewise only when the hub cannot send it (unknown device or port,
+port down, P_Key index not in the table): the SA_POST_ERROR names the port and the TID the
+MAD carried, which the client matches (upper half = its umad agent, lower half = an
+outstanding request) to end that request with the error; one it cannot match (a posted
+ReportResp, a request already ended) it counts. A malformed frame of any kind is reported
+on the hub's stderr and skipped, as every malformed frame is.
 """
 
 from __future__ import annotations
@@ -51,9 +57,9 @@ class HubProtocolError(ValueError):
 class FrameType(enum.IntEnum):
     CALL = 0x01
     UD_SEND = 0x02
-    SA_SEND = 0x03
     STAT = 0x04
     UD_POST = 0x05
+    SA_POST = 0x06
     REPLY = 0x81
     UD_RECV = 0x82
     OK = 0x83
@@ -61,6 +67,7 @@ class FrameType(enum.IntEnum):
     EVENT = 0x85
     IP_EVENT = 0x86
     POST_ERROR = 0x87
+    SA_POST_ERROR = 0x88
 
 
 EVENT_CODES: tuple[PortEventType, ...] = tuple(PortEventType)
@@ -69,7 +76,8 @@ _HEAD = struct.Struct(">IB")
 _ID = struct.Struct(">I")
 _AV = struct.Struct(">HBBBBBBI16s")
 _UD_POST = struct.Struct(">II")
-_SA_SEND = struct.Struct(">IBBHBH")
+_SA_POST = struct.Struct(">BBHBH")
+_SA_POST_ERROR = struct.Struct(">BBQ")
 _UD_RECV = struct.Struct(">IHIBH16s16s")
 _DEV_PORT = struct.Struct(">BB")
 _EVENT = struct.Struct(">BBB")
@@ -241,22 +249,34 @@ def decode_post_error(body: bytes) -> tuple[int, str]:
     return int(handle), body[_ID.size :].decode(errors="replace")
 
 
-def encode_sa_send(
-    call_id: int, device: int, port: int, sm_lid: int, sm_sl: int, pkey_index: int, mad: bytes
+def encode_sa_post(
+    device: int, port: int, sm_lid: int, sm_sl: int, pkey_index: int, mad: bytes
 ) -> bytes:
     try:
-        head = _SA_SEND.pack(call_id, device, port, sm_lid, sm_sl, pkey_index)
+        head = _SA_POST.pack(device, port, sm_lid, sm_sl, pkey_index)
     except struct.error as exc:
         raise HubProtocolError(f"SA destination field out of range: {exc}") from exc
-    return frame(FrameType.SA_SEND, head + _check_mad(mad))
+    return frame(FrameType.SA_POST, head + _check_mad(mad))
 
 
-def decode_sa_send(body: bytes) -> tuple[int, int, int, int, int, int, bytes]:
-    """(call id, device index, port, SM LID, SM SL, P_Key index, MAD)."""
-    if len(body) != _SA_SEND.size + MAD_LEN:
-        raise HubProtocolError(f"SA_SEND of {len(body)} bytes")
-    call_id, device, port, sm_lid, sm_sl, pkey_index = _SA_SEND.unpack_from(body)
-    return call_id, device, port, sm_lid, sm_sl, pkey_index, body[_SA_SEND.size :]
+def decode_sa_post(body: bytes) -> tuple[int, int, int, int, int, bytes]:
+    """(device index, port, SM LID, SM SL, P_Key index, MAD)."""
+    if len(body) != _SA_POST.size + MAD_LEN:
+        raise HubProtocolError(f"SA_POST of {len(body)} bytes")
+    device, port, sm_lid, sm_sl, pkey_index = _SA_POST.unpack_from(body)
+    return device, port, sm_lid, sm_sl, pkey_index, body[_SA_POST.size :]
+
+
+def encode_sa_post_error(device: int, port: int, tid: int, message: str) -> bytes:
+    return frame(FrameType.SA_POST_ERROR, _SA_POST_ERROR.pack(device, port, tid) + message.encode())
+
+
+def decode_sa_post_error(body: bytes) -> tuple[int, int, int, str]:
+    """(device index, port, TID, message) of a failed SA_POST."""
+    if len(body) < _SA_POST_ERROR.size:
+        raise HubProtocolError(f"SA_POST_ERROR of {len(body)} bytes")
+    device, port, tid = _SA_POST_ERROR.unpack_from(body)
+    return device, port, tid, body[_SA_POST_ERROR.size :].decode(errors="replace")
 
 
 def encode_ud_recv(handle: int, received: ReceivedMad) -> bytes:

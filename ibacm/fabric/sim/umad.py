@@ -1,11 +1,15 @@
-"""The client half of umad for simulated ports: what the kernel MAD layer does for ``sa_send``.
+"""The client half of umad for simulated ports: what the kernel MAD layer does for
+``sa_start`` (and so ``sa_send``).
 
-One ``UmadAgent`` per port (an agent registered for class 0x03). It rewrites the upper 32
-bits of every TID with its agent number, as the kernel does, transmits the MAD ``retries + 1``
-times, each time waiting ``timeout_ms`` for a response whose TID matches on the low 32 bits,
-and reassembles RMPP responses (GetTable) before handing back the whole MAD. Responses are
-returned with the TID as it came back (upper bits = agent number), so callers that compare all
-64 bits are caught, like on real hardware.
+One ``UmadAgent`` per port (an agent registered for class 0x03). ``start`` rewrites the upper
+32 bits of the TID with its agent number, as the kernel does, and transmits the MAD at once;
+the call's ``wait`` transmits it again, ``retries`` times, each after ``timeout_ms`` without a
+response whose TID matches on the low 32 bits. ``deliver`` reassembles RMPP responses
+(GetTable) and ends the call with the whole MAD in the round that read it; ``fail`` ends it
+with an error the transport reported late (the hub's SA_POST_ERROR), ``fail_all`` every
+request when the transport is gone. Responses are returned
+with the TID as it came back (upper bits = agent number), so callers that compare all 64 bits
+are caught, like on real hardware.
 
 The agent also takes the SA's unsolicited SubnAdmReports (as a kernel agent registered with
 the Report method in its mask): they queue, at most ``REPORT_QUEUE`` of them, for
@@ -34,21 +38,21 @@ _SEG_NUM_OFFSET = 28
 @dataclass(slots=True)
 class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
-    result: bytes = b""
     reassembler: RmppReassembler = field(default_factory=RmppReassembler)
     next_segment: int = 1
     call: SaCall | None = None
     """The call ended in the round that reads its reply (``start``)."""
 
     def complete(self, result: bytes) -> None:
-        self.result = result
         self.done.set()
         if self.call is not None:
             self.call.end(result)
 
+    def fail(self, error: FabricError) -> None:
+        self.done.set()  # the drive wakes and finds the call ended
+        if self.call is not None:
+            self.call.end(None, error)
 
-Transmit = Callable[[bytes], Awaitable[None]]
-"""Puts one MAD on the wire (or raises SaSendError)."""
 
 TransmitNow = Callable[[bytes], None]
 """Puts one MAD on the wire without waiting (or raises SaSendError)."""
@@ -80,30 +84,11 @@ class UmadAgent:
     def outstanding(self) -> int:
         return len(self._waiters)
 
-    async def send(self, mad: bytes, transmit: Transmit, *, timeout_ms: int, retries: int) -> bytes:
-        """Send ``mad`` with ``transmit`` and return the matching response.
-
-        Raises SaTimeout when no response came in ``retries + 1`` attempts, SaSendError for a
-        malformed request or when ``transmit`` fails.
-        """
-        low, wire = self._check(mad, timeout_ms, retries)
-        waiter = _Waiter()
-        self._waiters[low] = waiter
-        try:
-            for _attempt in range(retries + 1):
-                await transmit(wire)
-                with trio.move_on_after(timeout_ms / 1000):
-                    await self._wait_for(waiter.done)
-                if waiter.done.is_set():
-                    return waiter.result
-        finally:
-            del self._waiters[low]
-        raise self._timeout(low, timeout_ms, retries)
-
     def start(self, mad: bytes, transmit: TransmitNow, *, timeout_ms: int, retries: int) -> SaCall:
-        """``send`` without waiting: ``mad`` goes out now and the call ends in the round
-        ``deliver`` gets its response; its ``wait`` sends it again, ``retries`` times, each
-        after ``timeout_ms`` without a response, then ends it with SaTimeout."""
+        """Send ``mad`` with ``transmit`` now; the call ends in the round ``deliver`` gets its
+        response. Its ``wait`` sends it again, ``retries`` times, each after ``timeout_ms``
+        without a response, then ends it with SaTimeout (SaSendError when ``transmit``
+        fails). Raises SaSendError for a malformed request, or what ``transmit`` raises."""
         low, wire = self._check(mad, timeout_ms, retries)
         waiter = _Waiter()
         waiters = self._waiters
@@ -135,6 +120,23 @@ class UmadAgent:
             forget(call)
             raise
         return call
+
+    def fail(self, tid: int, error: FabricError) -> bool:
+        """End the outstanding request the MAD with ``tid`` (all 64 bits, as transmitted)
+        belongs to with ``error``; false when it is none of ours (nothing ended)."""
+        if tid >> 32 != self.agent_id:
+            return False
+        waiter = self._waiters.get(tid & 0xFFFFFFFF)
+        if waiter is None or waiter.done.is_set():
+            return False
+        waiter.fail(error)
+        return True
+
+    def fail_all(self, error: FabricError) -> None:
+        """End every outstanding request with ``error`` (the transport is gone)."""
+        for waiter in list(self._waiters.values()):
+            if not waiter.done.is_set():
+                waiter.fail(error)
 
     def _check(self, mad: bytes, timeout_ms: int, retries: int) -> tuple[int, bytes]:
         """The TID's low bits and the MAD as it goes out (our agent number above them)."""
