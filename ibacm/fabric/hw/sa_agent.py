@@ -168,6 +168,7 @@ class SaAgent:
                     await self._poller.wait_until(lambda: call.ended)
                 except trio.ClosedResourceError:
                     call.end(None, self._closed_error())
+            # Past the deadline (a call that ended already keeps its end).
             call.end(None, SaTimeout(f"no SA reply for TID {tid:#010x} in {deadline_ms} ms"))
 
         transaction = _Transaction(tid, dest, SaCall(drive))
@@ -340,27 +341,20 @@ class PortSa:
             log.warning("no SA access on port", device=ca_name, port=port_num, error=self.error)
         self._where = f"{ca_name} port {port_num}"
 
-    async def request(
-        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
-    ) -> bytes:
-        if self._agent is None:
-            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        return await self.start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
-
     def start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
-        if self._agent is None:
-            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        return self._agent.start(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        """``SaAgent.start`` (the port's ``sa_start``; its ``sa_send`` waits for the call)."""
+        return self._require().start(mad, dest, timeout_ms=timeout_ms, retries=retries)
 
     async def report(self) -> bytes:
-        if self._agent is None:
-            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        return await self._agent.report()
+        return await self._require().report()
 
     def post(self, mad: bytes, dest: SaDestination) -> None:
+        self._require().post(mad, dest)
+
+    def _require(self) -> SaAgent:
         if self._agent is None:
             raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        self._agent.post(mad, dest)
+        return self._agent
 
     async def aclose(self) -> None:
         if self._agent is not None:
