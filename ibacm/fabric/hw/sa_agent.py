@@ -7,15 +7,17 @@ SubnAdmReport: the Reports of the events the provider subscribes to arrive on it
 Semantics are the kernel's (mad-protocol.md §9.7): every MAD is sent with the caller's
 ``timeout_ms`` and ``retries``, the kernel retransmits, and a reply is matched on
 the low 32 bits of its TID because the kernel rewrites the upper 32 bits. A request the kernel
-gave up on comes back with status ETIMEDOUT and raises ``SaTimeout``.
+gave up on comes back with status ETIMEDOUT and ends its call with ``SaTimeout``.
 
-Receiving is driven by whichever request is waiting (``TurnPoller``): it waits in trio for
-the port's fd (a kernel umad device, the emulated HCA's socket) and reads what is queued;
-where there is no fd to poll (ibsim's preload) it runs a blocking ``umad_recv`` with a short
-timeout in a worker thread. The thread's hand-offs cost each SA reply two wake-ups more.
-A trio deadline of ``timeout_ms x (retries + 1)`` plus a grace period
-backs the kernel's own timeout up, so a MAD layer that never reports timeouts (the simulator)
-still ends every request.
+``start`` sends and returns the transaction's ``SaCall``; the call ends in the round that
+reads its reply (or the kernel's ETIMEDOUT report), so its ``when_ended`` callbacks run there
+(issue 28). Receiving is driven by whichever call's ``wait`` (or ``report``) is waiting
+(``TurnPoller``): it waits in trio for the port's fd (a kernel umad device, the emulated HCA's
+socket) and reads what is queued; where there is no fd to poll (ibsim's preload) it runs a
+blocking ``umad_recv`` with a short timeout in a worker thread, and calls end when the
+thread's hand-off arrives. A trio deadline of ``timeout_ms x (retries + 1)`` plus a grace
+period after the send backs the kernel's own timeout up, so a MAD layer that never reports
+timeouts (the simulator) still ends every call.
 
 Replies longer than one MAD: with kernel RMPP the whole reply arrives in one read and is
 returned as is; RMPP DATA segments that arrive one at a time (a MAD layer without RMPP) are
@@ -36,6 +38,7 @@ from ibacm.fabric.api import (
     MAD_SIZE,
     SA_QPN,
     FabricError,
+    SaCall,
     SaDestination,
     SaSendError,
     SaTimeout,
@@ -74,13 +77,8 @@ REPORT_QUEUE = 64
 class _Transaction:
     tid: int
     dest: SaDestination
-    reply: bytes | None = None
-    error: FabricError | None = None
+    call: SaCall
     reassembler: RmppReassembler = field(default_factory=RmppReassembler)
-
-    @property
-    def done(self) -> bool:
-        return self.reply is not None or self.error is not None
 
 
 def _tid_of(mad: bytes) -> int:
@@ -147,6 +145,12 @@ class SaAgent:
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
         """Send one SA MAD and return the (reassembled) reply MAD."""
+        return await self.start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
+
+    def start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
+        """Send one SA MAD (the kernel retransmits it) and return its call, ended in the
+        round that reads its reply; its ``wait`` reads the port until then, or ends it with
+        SaTimeout ``timeout_ms x (retries + 1)`` plus the grace after the send."""
         portid = self._require_open()
         if len(mad) != MAD_SIZE:
             raise SaSendError(f"an SA MAD is {MAD_SIZE} bytes, got {len(mad)}")
@@ -155,13 +159,33 @@ class SaAgent:
         tid = _tid_of(mad)
         if tid in self._pending:
             raise SaSendError(f"TID {tid:#010x} is already outstanding on {self.ca_name}")
-        transaction = _Transaction(tid, dest)
-        self._pending[tid] = transaction
+        deadline_ms = timeout_ms * (retries + 1) + self._grace_ms
+        deadline = trio.current_time() + deadline_ms / 1000
+
+        async def drive(call: SaCall) -> None:
+            with trio.move_on_at(deadline):
+                try:
+                    await self._poller.wait_until(lambda: call.ended)
+                except trio.ClosedResourceError:
+                    call.end(None, self._closed_error())
+            # Past the deadline (a call that ended already keeps its end).
+            call.end(None, SaTimeout(f"no SA reply for TID {tid:#010x} in {deadline_ms} ms"))
+
+        transaction = _Transaction(tid, dest, SaCall(drive))
+        pending = self._pending
+
+        def forget(_: SaCall) -> None:
+            if pending.get(tid) is transaction:
+                del pending[tid]
+
+        pending[tid] = transaction
+        transaction.call.when_ended(forget)
         try:
             self._send(portid, mad, dest, timeout_ms=timeout_ms, retries=retries)
-            return await self._wait(transaction, timeout_ms * (retries + 1) + self._grace_ms)
-        finally:
-            del self._pending[tid]
+        except BaseException:
+            forget(transaction.call)
+            raise
+        return transaction.call
 
     async def report(self) -> bytes:
         """The next SubnAdmReport the SA sent to this port."""
@@ -169,7 +193,7 @@ class SaAgent:
         try:
             await self._poller.wait_until(lambda: bool(self._reports))
         except trio.ClosedResourceError as exc:
-            raise SaSendError(f"SA agent of {self.ca_name} closed") from exc
+            raise self._closed_error() from exc
         return self._reports.popleft()
 
     def post(self, mad: bytes, dest: SaDestination) -> None:
@@ -180,10 +204,11 @@ class SaAgent:
         self._send(portid, mad, dest, timeout_ms=0, retries=0)
 
     async def aclose(self) -> None:
-        """Fail outstanding requests, wait for the receive thread, close the port."""
+        """Fail outstanding calls, wait for the receive thread, close the port."""
         if self._portid is None:
             return
         self._poller.close()
+        self._fail_all(self._closed_error())
         if self._fd is not None:
             trio.lowlevel.notify_closing(self._fd)  # wakes a step waiting for the fd
         await self._poller.wait_idle()
@@ -210,17 +235,8 @@ class SaAgent:
         except UmadError as exc:
             raise SaSendError(str(exc)) from exc
 
-    async def _wait(self, transaction: _Transaction, deadline_ms: int) -> bytes:
-        with trio.move_on_after(deadline_ms / 1000):
-            try:
-                await self._poller.wait_until(lambda: transaction.done)
-            except trio.ClosedResourceError as exc:
-                raise SaSendError(f"SA agent of {self.ca_name} closed") from exc
-        if transaction.error is not None:
-            raise transaction.error
-        if transaction.reply is None:
-            raise SaTimeout(f"no SA reply for TID {transaction.tid:#010x} in {deadline_ms} ms")
-        return transaction.reply
+    def _closed_error(self) -> SaSendError:
+        return SaSendError(f"SA agent of {self.ca_name} closed")
 
     async def _receive_step(self) -> None:
         portid = self._portid
@@ -240,8 +256,8 @@ class SaAgent:
             self._dispatch(packet)
 
     def _fail_all(self, error: FabricError) -> None:
-        for transaction in self._pending.values():
-            transaction.error = error
+        for transaction in list(self._pending.values()):  # an ended call leaves the table
+            transaction.call.end(None, error)
 
     def _dispatch(self, packet: UmadPacket) -> None:
         mad = packet.mad
@@ -260,7 +276,7 @@ class SaAgent:
             log.debug("unmatched SA packet dropped", tid=f"{tid:#010x}", status=packet.status)
             return
         if packet.status:
-            transaction.error = self._status_error(tid, packet.status)
+            transaction.call.end(None, self._status_error(tid, packet.status))
             return
         header = MadHeader.decode(mad[:MAD_HDR_LEN])
         if not header.method & 0x80:
@@ -268,7 +284,7 @@ class SaAgent:
         if _is_rmpp_segment(mad):
             self._accept_segment(transaction, mad.ljust(MAD_SIZE, b"\0"))
         else:
-            transaction.reply = mad.ljust(MAD_SIZE, b"\0")
+            transaction.call.end(mad.ljust(MAD_SIZE, b"\0"))
 
     @staticmethod
     def _status_error(tid: int, status: int) -> FabricError:
@@ -282,11 +298,11 @@ class SaAgent:
             whole = transaction.reassembler.feed(segment)
         except WireError as exc:
             tid = transaction.tid
-            transaction.error = SaSendError(f"bad RMPP reply for TID {tid:#010x}: {exc}")
+            transaction.call.end(None, SaSendError(f"bad RMPP reply for TID {tid:#010x}: {exc}"))
             return
         self._acknowledge(transaction, segment)
         if whole is not None:
-            transaction.reply = whole
+            transaction.call.end(whole)
 
     def _acknowledge(self, transaction: _Transaction, segment: bytes) -> None:
         # A windowed RMPP sender sends further segments only once earlier ones are ACKed.
@@ -305,7 +321,7 @@ class SaAgent:
         try:
             self._umad.send(portid, self._agent, ack, address, timeout_ms=0, retries=0)
         except UmadError as exc:
-            transaction.error = SaSendError(f"cannot acknowledge RMPP segment: {exc}")
+            transaction.call.end(None, SaSendError(f"cannot acknowledge RMPP segment: {exc}"))
 
 
 class PortSa:
@@ -325,22 +341,20 @@ class PortSa:
             log.warning("no SA access on port", device=ca_name, port=port_num, error=self.error)
         self._where = f"{ca_name} port {port_num}"
 
-    async def request(
-        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
-    ) -> bytes:
-        if self._agent is None:
-            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        return await self._agent.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
+    def start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
+        """``SaAgent.start`` (the port's ``sa_start``; its ``sa_send`` waits for the call)."""
+        return self._require().start(mad, dest, timeout_ms=timeout_ms, retries=retries)
 
     async def report(self) -> bytes:
-        if self._agent is None:
-            raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        return await self._agent.report()
+        return await self._require().report()
 
     def post(self, mad: bytes, dest: SaDestination) -> None:
+        self._require().post(mad, dest)
+
+    def _require(self) -> SaAgent:
         if self._agent is None:
             raise SaSendError(f"no umad SA agent on {self._where}: {self.error}")
-        self._agent.post(mad, dest)
+        return self._agent
 
     async def aclose(self) -> None:
         if self._agent is not None:

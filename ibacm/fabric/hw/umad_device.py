@@ -35,6 +35,7 @@ from ibacm.fabric.api import (
     PortEventType,
     PortTableDevice,
     ReceivedMad,
+    SaCall,
     SaDestination,
     UdQp,
 )
@@ -177,7 +178,10 @@ class UmadOnlyPort(Port):
     async def sa_send(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
-        return await self._sa.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
+
+    def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
+        return self._sa.start(mad, dest, timeout_ms=timeout_ms, retries=retries)
 
     async def sa_report(self) -> bytes:
         return await self._sa.report()

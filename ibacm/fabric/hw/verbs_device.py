@@ -5,7 +5,8 @@ GID with interface ID 0 appears, behavior.md §3.2) and the P_Key table. Async e
 from the context's async fd, waited on with ``trio.lowlevel.wait_readable``; port events keep
 their port number (pyverbs' own AsyncEvent drops it, so they are read through libibverbs).
 SA MADs go through a umad agent per port, opened with the device; a port whose agent cannot
-be opened keeps working without SA access (its ``sa_send`` raises ``SaSendError``), as in C.
+be opened keeps working without SA access (its ``sa_start``/``sa_send`` raise ``SaSendError``),
+as in C.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ibacm.fabric.api import (
     PortAttributes,
     PortEvent,
     PortTableDevice,
+    SaCall,
     SaDestination,
     UdQp,
 )
@@ -58,7 +60,10 @@ class HwPort(Port):
     async def sa_send(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
-        return await self._sa.request(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
+
+    def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
+        return self._sa.start(mad, dest, timeout_ms=timeout_ms, retries=retries)
 
     async def sa_report(self) -> bytes:
         return await self._sa.report()

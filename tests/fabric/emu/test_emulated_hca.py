@@ -362,6 +362,119 @@ def test_our_sa_agent_polls_the_emulated_umad_port(fabric: Fabric) -> None:
     assert result["dlid"] == result["lid"]
 
 
+OUR_SA_CALLS = """
+import json, sys, trio
+from ibacm.fabric.api import SaDestination
+from ibacm.fabric.hw.sa_agent import SaAgent
+from ibacm.fabric.hw.umad import LibUmad
+from ibacm.wire.mad import Method, SaMad, build_path_get, build_path_get_table
+from ibacm.wire.path_record import PathRecord
+
+class Steps(trio.abc.Instrument):
+    steps = 0
+
+    def before_task_step(self, task):
+        self.steps += 1
+
+async def main():
+    umad = LibUmad()
+    ca = umad.ca_names()[0]
+    port = umad.port(ca, 1)
+    agent = SaAgent(umad, ca, 1)
+    agent.open()
+    dest = SaDestination(sm_lid=port.sm_lid, sm_sl=0, pkey_index=0)
+    counter, read_in, out = Steps(), [], {"polled": agent.polled}
+    recv = umad.recv
+
+    def counting_recv(portid, timeout_ms):
+        packet = recv(portid, timeout_ms)
+        if packet is not None:
+            read_in.append(counter.steps)
+        return packet
+
+    umad.recv = counting_recv
+    trio.lowlevel.add_instrument(counter)
+
+    def start(mad, timeout_ms=1000, retries=1):
+        return agent.start(mad, dest, timeout_ms=timeout_ms, retries=retries)
+
+    def path_get(tid):
+        return build_path_get(tid, PathRecord(dlid=port.base_lid))
+
+    if sys.argv[1] == "timeout":  # the SA is down: the MAD layer reports ETIMEDOUT
+        call = start(path_get(0x301), timeout_ms=100, retries=1)
+        ended = []
+        call.when_ended(lambda c: ended.append(type(c.error).__name__))
+        try:
+            await call.wait()
+        except Exception as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        out["ended"], out["outstanding"] = ended, agent.outstanding
+        print(json.dumps(out))
+        return
+    # A reply ends its call in the step that read it, before its wait resumes.
+    call, ended = start(path_get(0x101)), []
+    call.when_ended(lambda c: ended.append(counter.steps))
+    reply = await call.wait()
+    out["ended_in"], out["read_in"] = ended, read_in
+    out["dlid"], out["lid"] = PathRecord.decode(SaMad.decode(reply).data[:64]).dlid, port.base_lid
+    # A GetTable reply (RMPP, reassembled below us) ends its call whole.
+    query = build_path_get_table(0x102, PathRecord(slid=port.base_lid), comp_mask=0x20)
+    table = await start(query).wait()
+    records = SaMad.decode(table).records(64)
+    out["table"] = [len(table), [PathRecord.decode(record).dlid for record in records]]
+    # A cancelled wait leaves no transaction: its reply, read later, is unmatched.
+    lost = start(path_get(0x103))
+    with trio.move_on_after(0):
+        await lost.wait()
+    out["abandoned"], out["after_cancel"] = str(lost.error), agent.outstanding
+    tid = 0x200
+    while not agent.unmatched and tid < 0x300:
+        await start(path_get(tid)).wait()
+        tid += 1
+    out["unmatched"] = agent.unmatched
+    # A MAD the MAD layer neither answers nor reports (a response): the grace deadline.
+    silent = bytearray(path_get(0x104))
+    silent[3] = Method.GET_RESP
+    try:
+        await start(bytes(silent), timeout_ms=50, retries=0).wait()
+    except Exception as exc:
+        out["silent"] = f"{type(exc).__name__}: {exc}"
+    out["outstanding"] = agent.outstanding
+    await agent.aclose()
+    print(json.dumps(out))
+
+trio.run(main)
+"""
+
+
+def test_our_sa_calls_end_in_the_round_that_reads_the_emulated_port(tmp_path: Path) -> None:
+    """``SaAgent.start`` (the hw ports' ``sa_start``) under the preload: a reply ends its
+    call in the task step that read it; a GetTable ends whole; the MAD layer's ETIMEDOUT
+    and the grace deadline end calls SaTimeout; a cancelled wait leaves no transaction."""
+    require_peer(SYSTEM_PYTHON)
+    require_file(PYVERBS)
+    with emulated(tmp_path, ("node1",), "--nodes", "6") as fabric:
+        result = run_json(fabric, sys.executable, OUR_SA_CALLS, "calls")
+        assert result["polled"] is True
+        assert result["dlid"] == result["lid"]
+        assert len(result["ended_in"]) == 1 and result["ended_in"][0] in result["read_in"]
+        size, dlids = result["table"]
+        # A path to every port (6 nodes and the switch): more records than one MAD carries,
+        # RMPP segments on the wire, one whole reply to the call.
+        assert result["lid"] in dlids and len(set(dlids)) == len(dlids) >= 6
+        assert size == 56 + 64 * len(dlids) > 256
+        assert "abandoned" in result["abandoned"] and result["after_cancel"] == 0
+        assert result["unmatched"] == 1
+        assert result["silent"] == "SaTimeout: no SA reply for TID 0x00000104 in 300 ms"
+        assert result["outstanding"] == 0
+
+        fabric.hub({"op": "faults", "set": {"sa_down": "on"}})
+        result = run_json(fabric, sys.executable, OUR_SA_CALLS, "timeout")
+        assert result["error"].startswith("SaTimeout: ") and "ETIMEDOUT" in result["error"]
+        assert result["ended"] == ["SaTimeout"] and result["outstanding"] == 0
+
+
 def test_libibumad_sa_request_with_enospc_and_timeout(fabric: Fabric) -> None:
     """A SubnAdmGet through the real libibumad API: answered by the fabric's SA; a too-small
     buffer gets -ENOSPC with the length it needs and the answer stays queued; with the SA

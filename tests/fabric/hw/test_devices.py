@@ -129,6 +129,24 @@ async def test_verbs_port_sends_sa_mads_through_its_umad_agent() -> None:
 
 
 @pytest.mark.trio
+async def test_verbs_port_starts_sa_calls_that_end_as_their_reply_is_read() -> None:
+    umad = FakeUmad(responder=echo_sa, pollable=True)
+    device = verbs_device(FakeHca(), umad)
+    port = device.port(1)
+    call = port.sa_start(
+        build_path_get(4, PathRecord(dlid=2)), SaDestination(1, 0, 0), timeout_ms=500, retries=1
+    )
+    assert call is not None and not call.ended  # sent, its reply not read yet
+    assert (umad.sent[0].timeout_ms, umad.sent[0].retries) == (500, 1)  # the kernel retransmits
+    replies: list[bytes] = []
+    call.when_ended(lambda ended: replies.append(ended.result()))
+    assert await call.wait() == replies[0]
+    assert SaMad.decode(replies[0]).mad.tid & 0xFFFFFFFF == 4
+    await device.aclose()
+    umad.release()
+
+
+@pytest.mark.trio
 async def test_a_port_without_umad_has_no_sa_but_still_works() -> None:
     class NoUmad(FakeUmad):
         def open_port(self, ca_name: str, port_num: int) -> int:
@@ -138,6 +156,10 @@ async def test_a_port_without_umad_has_no_sa_but_still_works() -> None:
     assert (await device.port(1).query()).lid == 3
     with pytest.raises(SaSendError, match=r"no umad SA agent on mlx5_0 port 1: .*ENODEV"):
         await device.port(1).sa_send(
+            build_path_get(3, PathRecord()), SaDestination(1, 0, 0), timeout_ms=10, retries=0
+        )
+    with pytest.raises(SaSendError, match=r"no umad SA agent on mlx5_0 port 1: .*ENODEV"):
+        device.port(1).sa_start(
             build_path_get(3, PathRecord()), SaDestination(1, 0, 0), timeout_ms=10, retries=0
         )
     await device.aclose()
@@ -293,6 +315,14 @@ async def test_umad_only_fabric_lists_umad_cas() -> None:
         retries=0,
     )
     assert SaMad.decode(reply).mad.tid & 0xFFFFFFFF == 5
+    call = port.sa_start(
+        build_path_get(6, PathRecord(dlid=2)),
+        SaDestination(attrs.sm_lid, attrs.sm_sl, attrs.sa_pkey_index()),
+        timeout_ms=500,
+        retries=0,
+    )
+    assert call is not None
+    assert SaMad.decode(await call.wait()).mad.tid & 0xFFFFFFFF == 6
     assert fabric.hostname
     await fabric.aclose()
     empty = HwFabric(mode=HwMode.UMAD_ONLY, umad_factory=lambda: FakeUmad())

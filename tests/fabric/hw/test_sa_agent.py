@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import trio
 
-from ibacm.fabric.api import ACM_QKEY, SaDestination, SaSendError, SaTimeout
+from ibacm.fabric.api import ACM_QKEY, SaCall, SaDestination, SaSendError, SaTimeout
 from ibacm.fabric.hw.sa_agent import SaAgent
+from ibacm.fabric.hw.umad import UmadPacket
 from ibacm.wire.mad import (
     Method,
     MgmtClass,
@@ -345,3 +346,179 @@ async def test_reports_arrive_beside_replies_and_are_acked_as_they_are(
     await agent.aclose()
     with pytest.raises(SaSendError):
         await agent.report()
+
+
+# -- started calls (Port.sa_start): ended in the round that reads the reply ------------------
+
+
+class StepCounter(trio.abc.Instrument):
+    """Counts task steps: two things in the same step happened with no scheduler pass."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+@pytest.mark.trio
+async def test_a_started_call_ends_in_the_round_that_reads_its_reply(
+    fake_umad: MakeUmad,
+) -> None:
+    umad = fake_umad()
+    agent = await open_agent(umad)
+    counter = StepCounter()
+    read_in_step: list[int] = []
+    recv = umad.recv
+
+    def counting_recv(portid: int, timeout_ms: int) -> UmadPacket | None:
+        packet = recv(portid, timeout_ms)
+        if packet is not None:
+            read_in_step.append(counter.steps)
+        return packet
+
+    umad.recv = counting_recv  # type: ignore[method-assign]
+    order: list[str] = []
+    ended: list[tuple[int, trio.lowlevel.Task]] = []
+    readers: list[trio.lowlevel.Task] = []
+    lone = agent.start(path_get(40, 8), DEST, timeout_ms=2000, retries=0)  # nobody waits on it
+    waited = agent.start(path_get(41, 9), DEST, timeout_ms=2000, retries=0)
+    assert agent.outstanding == 2 and [_tid(s.mad) for s in umad.sent] == [40, 41]
+
+    def on_end(call: SaCall) -> None:
+        order.append(f"ended {_tid(call.result())}")
+        ended.append((counter.steps, trio.lowlevel.current_task()))
+
+    lone.when_ended(on_end)
+    waited.when_ended(on_end)
+    trio.lowlevel.add_instrument(counter)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def waiter() -> None:
+                readers.append(trio.lowlevel.current_task())
+                reply = await waited.wait()
+                order.append(f"resumed {_tid(reply)}")
+
+            nursery.start_soon(waiter)
+            await trio.sleep(0.05)
+            assert not lone.ended and not waited.ended
+            answer_with_dlid(umad, umad.sent[0])
+            answer_with_dlid(umad, umad.sent[1])
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    # The waiting task read both replies; the lone call ended as its reply was read.
+    assert order == ["ended 40", "ended 41", "resumed 41"]
+    assert [task for _, task in ended] == readers * 2
+    if agent.polled:
+        assert [step for step, _ in ended] == read_in_step  # no scheduler pass in between
+    assert PathRecord.decode(SaMad.decode(lone.result()).data[:64]).dlid == 8
+    assert agent.outstanding == 0
+    await agent.aclose()
+
+
+def _tid(mad: bytes) -> int:
+    return int.from_bytes(mad[12:16], "big")
+
+
+@pytest.mark.trio
+async def test_a_kernel_timeout_ends_a_started_call_with_sa_timeout(fake_umad: MakeUmad) -> None:
+    umad = fake_umad(responder=lambda fake, sent: fake.time_out(sent))
+    agent = await open_agent(umad)
+    call = agent.start(path_get(42, 1), DEST, timeout_ms=2000, retries=2)
+    errors: list[BaseException | None] = []
+    call.when_ended(lambda ended: errors.append(ended.error))
+    start = trio.current_time()
+    with pytest.raises(SaTimeout, match="ETIMEDOUT"):
+        await call.wait()
+    assert trio.current_time() - start < 1.0  # the kernel's word, not the 6 s deadline
+    assert len(errors) == 1 and isinstance(errors[0], SaTimeout)
+    assert agent.outstanding == 0
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_the_grace_deadline_counts_from_the_send(fake_umad: MakeUmad) -> None:
+    umad = fake_umad()
+    agent = await open_agent(umad, grace_ms=50)
+    call = agent.start(path_get(43, 1), DEST, timeout_ms=100, retries=1)
+    await trio.sleep(0.3)  # past timeout x (retries + 1) + grace = 250 ms before anyone waits
+    assert not call.ended  # nobody drives it: no reply came, nothing ended it
+    waited_at = trio.current_time()
+    with pytest.raises(SaTimeout, match="no SA reply for TID 0x0000002b in 250 ms"):
+        await call.wait()
+    assert trio.current_time() - waited_at < 0.25  # not a fresh 250 ms from the wait
+    assert agent.outstanding == 0
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_a_started_get_table_is_reassembled_before_it_ends(fake_umad: MakeUmad) -> None:
+    paths = [PathRecord(dlid=lid, slid=1, pkey=0xFFFF).encode() for lid in range(2, 12)]
+
+    def table(fake: FakeUmad, sent: SentMad) -> None:
+        if SaMad.decode(sent.mad).mad.method != Method.GET_TABLE:
+            return  # an RMPP ACK
+        whole = build_sa_response(SaMad.decode(sent.mad), 0, b"".join(paths))
+        for segment in split_rmpp(whole):
+            fake.deliver(segment)
+
+    umad = fake_umad(responder=table)
+    agent = await open_agent(umad)
+    request = build_path_get_table(0x9B, PathRecord(slid=1), comp_mask=0x20)
+    call = agent.start(request, DEST, timeout_ms=500, retries=0)
+    seen: list[bytes] = []
+    call.when_ended(lambda ended: seen.append(ended.result()))
+    reply = await call.wait()
+    assert seen == [reply]
+    assert [PathRecord.decode(r).dlid for r in SaMad.decode(reply).records(64)] == list(
+        range(2, 12)
+    )
+    assert [SaHeader.decode(sent.mad).seg_num for sent in umad.sent[1:]] == [1, 2, 3, 4]
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_a_cancelled_wait_leaves_no_transaction_behind(fake_umad: MakeUmad) -> None:
+    umad = fake_umad()
+    agent = await open_agent(umad)
+    call = agent.start(path_get(44, 3), DEST, timeout_ms=2000, retries=0)
+    with trio.move_on_after(0.05):
+        await call.wait()
+    assert isinstance(call.error, SaTimeout) and "abandoned" in str(call.error)
+    assert agent.outstanding == 0
+    # Its late reply, read by the next call's wait, is dropped as unmatched.
+    answer_with_dlid(umad, umad.sent[0])
+    other = agent.start(path_get(48, 4), DEST, timeout_ms=2000, retries=0)
+    answer_with_dlid(umad, umad.sent[1])
+    assert PathRecord.decode(SaMad.decode(await other.wait()).data[:64]).dlid == 4
+    assert agent.unmatched == 1
+    # Its TID can be used again.
+    again = agent.start(path_get(44, 5), DEST, timeout_ms=2000, retries=0)
+    answer_with_dlid(umad, umad.sent[2])
+    assert PathRecord.decode(SaMad.decode(await again.wait()).data[:64]).dlid == 5
+    assert agent.outstanding == 0
+    await agent.aclose()
+
+
+@pytest.mark.trio
+async def test_start_refuses_what_request_refuses_and_close_ends_unwaited_calls(
+    fake_umad: MakeUmad,
+) -> None:
+    agent = await open_agent(fake_umad(fail_send=True))
+    with pytest.raises(SaSendError, match="umad_send failed"):
+        agent.start(path_get(45, 1), DEST, timeout_ms=500, retries=0)
+    assert agent.outstanding == 0
+    with pytest.raises(SaSendError, match="bad umad timing"):
+        agent.start(path_get(45, 1), DEST, timeout_ms=500, retries=-1)
+    await agent.aclose()
+
+    agent = await open_agent(fake_umad())
+    call = agent.start(path_get(46, 1), DEST, timeout_ms=5000, retries=0)
+    errors: list[str] = []
+    call.when_ended(lambda ended: errors.append(str(ended.error)))
+    await agent.aclose()
+    assert errors == ["SA agent of mlx5_0 closed"]
+    assert agent.outstanding == 0
+    with pytest.raises(SaSendError, match="closed"):
+        agent.start(path_get(47, 1), DEST, timeout_ms=500, retries=0)
