@@ -2,12 +2,13 @@
 
 One QP per endpoint (mad-protocol.md §1): Q_Key 0x80010000, the endpoint's P_Key index, one
 CQ for sends and receives bound to a completion channel, ``recv_depth`` receive buffers of
-296 bytes (40-byte GRH area + MAD) re-posted after every completion — also after an error
-completion, so errors cannot wedge the endpoint (C defect 46) — and a GRH on every send.
+296 bytes (40-byte GRH area + MAD) re-posted once the poll that read it is handled — also
+after an error completion, so errors cannot wedge the endpoint (C defect 46) — and a GRH on
+every send.
 
 Completions are driven by whichever task waits (``TurnPoller``: a ``send``, a receiver or
 ``serve``): it waits for the completion channel's fd with ``trio.lowlevel.wait_readable``, then
-acknowledges the event, re-arms the CQ and polls it empty. Send completions go to their
+acknowledges the event, polls the CQ empty, re-arms it and polls again. Send completions go to their
 waiting ``send``, or release the slot of a ``post`` (an error status is logged and counted);
 the received MADs of each poll go to the ``serve`` handler in that same round (issue 28: no
 scheduler pass between a MAD in and the MAD it causes), or to a queue for ``receive_many``.
@@ -85,6 +86,8 @@ class HwUdQp(UdQp):
         self._send_credits = trio.Semaphore(SEND_DEPTH)
         self._sends: dict[int, _Send] = {}
         self._received: deque[ReceivedMad] = deque()
+        self._reposting: list[int] = []
+        """Receive buffers read in this poll, posted again after their MADs are handled."""
         self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
         self._handler: MadHandler | None = None
         self._handler_limit = RECEIVE_BATCH
@@ -278,17 +281,31 @@ class HwUdQp(UdQp):
         try:
             self._channel.get_cq_event(self._cq)
             self._cq.ack_events(1)
-            # Re-arm before polling: a completion after the last poll raises a new event.
+            # As C's completion handler: poll and handle first (a MAD's answer goes out
+            # before anything else is asked of the device), re-arm, then poll again for
+            # what completed in between (it raised no event).
+            self._drain()
             self._cq.req_notify()
-            while True:
-                count, completions = self._cq.poll(POLL_BATCH)
-                for wc in completions[:count]:
-                    self._completion(wc)
-                self._hand_over()
-                if count < POLL_BATCH:
-                    return
+            self._drain()
         except self._res.pv.Error as exc:
             raise FabricError(f"completion queue of UD QP {self.qpn:#x}: {exc}") from exc
+
+    def _drain(self) -> None:
+        """Poll the CQ empty; each batch's MADs to the handler, then their buffers back."""
+        while True:
+            count, completions = self._cq.poll(POLL_BATCH)
+            for wc in completions[:count]:
+                self._completion(wc)
+            self._hand_over()
+            self._repost()
+            if count < POLL_BATCH:
+                return
+
+    def _repost(self) -> None:
+        slots, self._reposting = self._reposting, []
+        for slot in slots:
+            if not self._poller.closed:
+                self._post_recv(slot)
 
     def _completion(self, wc: Any) -> None:
         if wc.wr_id >= SEND_WR_BASE:
@@ -326,8 +343,8 @@ class HwUdQp(UdQp):
             self._queue(mad)
         elif not self._poller.closed:
             log.warning("receive completion error", status=wc.status, qpn=self.qpn)
-        if not self._poller.closed:
-            self._post_recv(slot)
+        # Posted again once the batch is handled (``_repost``): its bytes were copied.
+        self._reposting.append(slot)
 
     def _hand_over(self) -> None:
         """Queued MADs to the ``serve`` handler, if one is set, in batches of its limit."""
