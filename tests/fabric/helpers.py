@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 
 from ibacm.fabric.api import Fabric, Port, PortAttributes, SaDestination, UdQp
+from ibacm.fabric.sim.hub_protocol import Frame, FrameDecoder
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord
 from tests.conftest import require_file
@@ -88,3 +89,14 @@ def acm_join_record(
         scope=5,
         join_state=join_state,
     )
+
+
+async def frames_answered(stream: trio.SocketStream, data: bytes, count: int) -> list[Frame]:
+    """Send raw hub frames ``data``; the first ``count`` frames the hub sends back."""
+    await stream.send_all(data)
+    decoder = FrameDecoder()
+    frames: list[Frame] = []
+    with trio.fail_after(10):
+        while len(frames) < count:
+            frames += decoder.feed(await stream.receive_some(1 << 16))
+    return frames

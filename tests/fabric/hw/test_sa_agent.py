@@ -215,9 +215,8 @@ async def test_short_replies_from_the_simulator_are_padded_to_a_full_mad(
     await agent.aclose()
 
 
-@pytest.mark.trio
-async def test_rmpp_segments_are_acknowledged_and_reassembled(fake_umad: MakeUmad) -> None:
-    paths = [PathRecord(dlid=lid, slid=1, pkey=0xFFFF).encode() for lid in range(2, 12)]
+def table_in_segments(paths: list[bytes]) -> Callable[[FakeUmad, SentMad], None]:
+    """A responder answering a GetTable with ``paths`` in RMPP segments (ACKs unanswered)."""
 
     def table(fake: FakeUmad, sent: SentMad) -> None:
         if SaMad.decode(sent.mad).mad.method != Method.GET_TABLE:
@@ -226,7 +225,13 @@ async def test_rmpp_segments_are_acknowledged_and_reassembled(fake_umad: MakeUma
         for segment in split_rmpp(whole):
             fake.deliver(segment)
 
-    umad = fake_umad(responder=table)
+    return table
+
+
+@pytest.mark.trio
+async def test_rmpp_segments_are_acknowledged_and_reassembled(fake_umad: MakeUmad) -> None:
+    paths = [PathRecord(dlid=lid, slid=1, pkey=0xFFFF).encode() for lid in range(2, 12)]
+    umad = fake_umad(responder=table_in_segments(paths))
     agent = await open_agent(umad)
     request = build_path_get_table(0x99, PathRecord(slid=1), comp_mask=0x20)
     reply = SaMad.decode(await agent.request(request, DEST, timeout_ms=500, retries=0))
@@ -455,15 +460,7 @@ async def test_the_grace_deadline_counts_from_the_send(fake_umad: MakeUmad) -> N
 @pytest.mark.trio
 async def test_a_started_get_table_is_reassembled_before_it_ends(fake_umad: MakeUmad) -> None:
     paths = [PathRecord(dlid=lid, slid=1, pkey=0xFFFF).encode() for lid in range(2, 12)]
-
-    def table(fake: FakeUmad, sent: SentMad) -> None:
-        if SaMad.decode(sent.mad).mad.method != Method.GET_TABLE:
-            return  # an RMPP ACK
-        whole = build_sa_response(SaMad.decode(sent.mad), 0, b"".join(paths))
-        for segment in split_rmpp(whole):
-            fake.deliver(segment)
-
-    umad = fake_umad(responder=table)
+    umad = fake_umad(responder=table_in_segments(paths))
     agent = await open_agent(umad)
     request = build_path_get_table(0x9B, PathRecord(slid=1), comp_mask=0x20)
     call = agent.start(request, DEST, timeout_ms=500, retries=0)
