@@ -230,13 +230,15 @@ class SaCall:
     RMPP segments) is in ``drive``, run by the caller's task through ``wait``, which returns
     the reply or raises ``SaTimeout``/``SaSendError`` once the call ended."""
 
-    __slots__ = ("_drive", "_enders", "error", "reply")
+    __slots__ = ("_drive", "_enders", "abandoned", "error", "reply")
 
     def __init__(self, drive: Callable[[SaCall], Awaitable[None]]) -> None:
         self._drive = drive
         self._enders: list[Callable[[SaCall], None]] = []
         self.reply: bytes | None = None
         self.error: FabricError | None = None
+        self.abandoned = False
+        """Ended because the task in ``wait`` was cancelled first (nobody reads it)."""
 
     @property
     def ended(self) -> bool:
@@ -277,6 +279,7 @@ class SaCall:
                 await self._drive(self)
         finally:
             if not self.ended:
+                self.abandoned = True
                 self.end(None, SaTimeout("the SA call was abandoned"))
         return self.result()
 
@@ -325,6 +328,7 @@ class UdQp(abc.ABC):
                 # A receive completion error costs one buffer, not the endpoint (defect 46).
                 self.completion_errors += 1
                 log.debug("receive error", qpn=self.qpn, error=str(exc))
+                await trio.lowlevel.checkpoint()  # a backend failing at once cannot spin us
                 continue
             deliver_batch(handler, batch)
 
@@ -360,7 +364,6 @@ class Port(abc.ABC):
     async def query(self) -> PortAttributes:
         """Current attributes (state, LID, SM, GID and P_Key tables, MTU/rate/width)."""
 
-    @abc.abstractmethod
     async def sa_send(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
     ) -> bytes:
@@ -370,8 +373,13 @@ class Port(abc.ABC):
         ``timeout_ms``; the response is matched on the low 32 bits of the TID (the upper
         32 bits may be rewritten, as the kernel does). Responses longer than one MAD
         (RMPP, GetTable) are returned reassembled: MAD header + SA header + all records.
-        Raises SaTimeout or SaSendError.
+        Raises SaTimeout or SaSendError. This is ``sa_start``'s call, waited for.
         """
+        await trio.lowlevel.checkpoint()
+        call = self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries)
+        if call is None:
+            raise SaSendError(f"{type(self).__name__} cannot send SA MADs")
+        return await call.wait()
 
     def sa_start(
         self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int

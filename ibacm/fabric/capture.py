@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import io
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -407,25 +406,17 @@ class TapPort(Port):
             return None
         tap.emit(self._sa_trace(Direction.SENT, started, mad, lid, dest, pkey))
 
-        async def drive(_: SaCall) -> None:
-            # The inner call's end ends this one (below); its failure is raised by ``wait``.
-            with contextlib.suppress(FabricError):
-                await inner.wait()
-
-        outer = SaCall(drive)
-
         def traced(call: SaCall) -> None:
-            # In the round that read the answer: traced first, then the caller's waiters.
+            # Registered first: traced in the round that read the answer, before the
+            # caller's waiters. A call its caller abandoned (cancelled) has no exchange, as
+            # a cancelled ``sa_send`` has none.
             if call.reply is not None:
                 self._answered(mad, call.reply, lid, dest, pkey, started)
-            elif call.error is not None and trio.current_effective_deadline() != -math.inf:
-                # Not when its caller's cancellation abandoned it (``SaCall.wait``): a
-                # cancelled ``sa_send`` has no exchange either.
+            elif call.error is not None and not call.abandoned:
                 self._exchange(mad, _outcome(call.error), started)
-            outer.end(call.reply, call.error)
 
         inner.when_ended(traced)
-        return outer
+        return inner
 
     def _answered(
         self, mad: bytes, answer: bytes, lid: int, dest: SaDestination, pkey: int, started: float

@@ -172,6 +172,8 @@ class HandlerRig:
                 return await self._sa_request(real, port, mad)
 
             core.sa_request = sa_request  # type: ignore[method-assign]
+            # None started without waiting (``sa_start``): every query is ``sa_request``'s.
+            core.sa_start = lambda port, mad: None  # type: ignore[method-assign]
             self.token = trio.lowlevel.current_trio_token()
             self._stop = trio.Event()
             self._started.set()

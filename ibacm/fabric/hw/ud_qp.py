@@ -91,7 +91,6 @@ class HwUdQp(UdQp):
         self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
         self._handler: MadHandler | None = None
         self._handler_limit = RECEIVE_BATCH
-        self.completion_errors = 0
         self.dropped = 0
         """Received MADs dropped because nobody consumed the queue fast enough."""
         try:

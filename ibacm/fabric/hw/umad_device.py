@@ -175,11 +175,6 @@ class UmadOnlyPort(Port):
     async def query(self) -> PortAttributes:
         return await trio.to_thread.run_sync(self.query_sync)
 
-    async def sa_send(
-        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
-    ) -> bytes:
-        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
-
     def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
         return self._sa.start(mad, dest, timeout_ms=timeout_ms, retries=retries)
 

@@ -147,12 +147,6 @@ class SimPort(Port):
         if self._agent is not None:
             self._agent.deliver(mad)
 
-    async def sa_send(
-        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
-    ) -> bytes:
-        await trio.lowlevel.checkpoint()
-        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
-
     def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
         self._device.fabric.check_open()
         sa_transport, runtime = self._device.fabric.sa_transport, self._runtime

@@ -390,9 +390,9 @@ class HubUdQp(UdQp):
 
     async def serve(self, handler: MadHandler, limit: int = RECEIVE_BATCH) -> None:
         if limit < 1:
-            raise FabricError(f"limit must be >= 1, got {limit}")
+            raise ValueError(f"limit must be at least 1, got {limit}")
         if self._handler is not None:
-            raise FabricError(f"QP {self._qpn:#x} is served already")
+            raise trio.BusyResourceError(f"QP {self._qpn:#x} is already served")
         self._handler, self._limit = handler, limit
         try:
             self.hand_over()  # what arrived before
@@ -495,12 +495,6 @@ class HubPort(Port):
             return self.down_attributes()
         self.last = hp.attrs_from_json(raw)
         return self.last
-
-    async def sa_send(
-        self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int
-    ) -> bytes:
-        await trio.lowlevel.checkpoint()
-        return await self.sa_start(mad, dest, timeout_ms=timeout_ms, retries=retries).wait()
 
     def sa_start(self, mad: bytes, dest: SaDestination, *, timeout_ms: int, retries: int) -> SaCall:
         self.device.fabric.check_open()
@@ -708,7 +702,8 @@ class HubFabric(Fabric):
             qp.close_local()
         self.qps.clear()
         if self._link is not None:
-            self._link.lost = self._link.lost or "closed"
+            # As a lost connection: the SA calls on their way end now (``_on_lost``).
+            self._link._mark_lost("closed")
             self._link.kick()
             await trio.aclose_forcefully(self._link.stream)
         else:

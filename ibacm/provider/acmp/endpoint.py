@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -346,7 +347,8 @@ class AcmpEndpoint:
                 if entry.state in (EntryState.QUERY_ADDR, EntryState.QUERY_ROUTE):
                     self.cache.forget(entry)
             entry.reply_tid = None
-        for pending in self.outstanding.values():
+        # A copy: a request sent without a task leaves ``outstanding`` as it completes.
+        for pending in list(self.outstanding.values()):
             pending.complete(DOWN_STATUS, "the endpoint closed")
         self.outstanding.clear()
         await self._close_qp()
@@ -560,8 +562,10 @@ class AcmpEndpoint:
     async def sa_get(self, query: PathRecord) -> SaOutcome:
         return await self.port.sa.get(query)
 
-    def sa_begin(self, query: PathRecord) -> SaQuery | None:
-        return self.port.sa.begin(query)
+    def sa_begin(
+        self, query: PathRecord, on_outcome: Callable[[SaOutcome], None]
+    ) -> SaQuery | None:
+        return self.port.sa.begin(query, on_outcome)
 
     async def _expiry_loop(self) -> None:
         while True:
@@ -616,5 +620,10 @@ class AcmpEndpoint:
             ],
             "bulk_routes": len(self.bulk.by_gid),
             "counters": self.counters.snapshot(),
-            "stats": self.stats.as_dict(),
+            "stats": {**self.stats.as_dict(), "completion_errors": self._completion_errors()},
         }
+
+    def _completion_errors(self) -> int:
+        """Sends and receives whose completion failed after they were posted (the QP's)."""
+        qp = self.qp
+        return qp.completion_errors if qp is not None else 0

@@ -60,7 +60,7 @@ class Operation:
     peer message, a port going down) decides the status and every waiter sees exactly that.
     """
 
-    __slots__ = ("callbacks", "done", "landing", "path", "reason", "status", "waiters")
+    __slots__ = ("callbacks", "done", "path", "reason", "status", "waiters")
 
     def __init__(self) -> None:
         self.done = trio.Event()
@@ -71,12 +71,9 @@ class Operation:
         """The route on success (the entry itself may change again before waiters run)."""
         self.waiters = 0
         self.callbacks: list[Callable[[Operation], None]] = []
-        """Requests waiting without a task (``Resolver.begin_address``): called by
-        ``finish``, in the round that ends the operation."""
-        self.landing: Callable[[], None] | None = None
-        """Ends the ACM request in flight without a task (``resolution.AddressFlight``): its
-        timer, its TID and its credit; called when its address phase is over, or by
-        ``finish`` when the operation ends first (however it ends)."""
+        """Requests waiting without a task (``Resolver.begin_address``), and an ACM request
+        in flight without one (``AddressFlight``): called by ``finish``, in the round that
+        ends the operation."""
 
     @property
     def finished(self) -> bool:
@@ -88,10 +85,6 @@ class Operation:
         self.status = int(status)
         self.reason = reason
         self.done.set()
-        landing = self.landing
-        if landing is not None:
-            self.landing = None
-            landing()
         callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
             try:

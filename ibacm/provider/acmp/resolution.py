@@ -98,6 +98,7 @@ class _Waiting:
 """An ACM status and, for a failure, why (in words)."""
 NOT_READY = "the endpoint has not joined its multicast group 0 yet (or rejoins)"
 CLOSED = "the endpoint closed"
+NO_ROUTE_QUERY = "no route query: the peer's address is not known"
 
 
 def _path_key(request: PathRecord) -> CacheKey:
@@ -185,9 +186,11 @@ class ResolverHost(Protocol):
     def sa_get(self, query: PathRecord) -> Awaitable[SaOutcome]:
         """An SA PathRecord query within the route phase's budget."""
 
-    def sa_begin(self, query: PathRecord) -> SaQuery | None:
-        """``sa_get`` sent now, its answer given in the round that reads it (None: it
-        cannot go out now; ``sa_get`` waits its turn)."""
+    def sa_begin(
+        self, query: PathRecord, on_outcome: Callable[[SaOutcome], None]
+    ) -> SaQuery | None:
+        """``sa_get`` sent now, its outcome given to ``on_outcome`` (once; in the round that
+        reads a usable answer). None: it cannot go out now; ``sa_get`` waits its turn."""
 
     def respond(self, entry: DestEntry, tid: int, status: int) -> None:
         """Answer the peer's request ``tid`` for our address."""
@@ -411,7 +414,6 @@ class Resolver:
             if source is not None and self._ask_now(entry, op, source, wake):
                 return op
         elif entry.state is EntryState.ADDR_RESOLVED:
-            # The route not known here (``route_now`` was asked first): the SA's.
             self._begin_route(entry, op)
             return op
         if not self.ep.spawn(self._drive, entry, op, source):
@@ -445,7 +447,7 @@ class Resolver:
             self._end(entry, op, pending.status, pending.reason)
             return
         state = entry.state
-        if state is EntryState.READY or self.route_now(entry, trio.current_time()):
+        if state is EntryState.READY:
             self._end(entry, op, AcmStatus.SUCCESS)
         elif state in (EntryState.ADDR_RESOLVED, EntryState.QUERY_ROUTE):
             self._begin_route(entry, op)
@@ -453,19 +455,28 @@ class Resolver:
             self._end(entry, op, AcmStatus.ENODATA, CLOSED)
 
     def _begin_route(self, entry: DestEntry, op: Operation) -> None:
-        """The route phase from the round that needs it (the route not known here): the SA
-        query sent now (``SaQuery``), its answer ending the resolution in the round that
-        reads it; else the phase in the resolution's task."""
+        """The route phase from the round that needs it: the route at once when it is known
+        here (``route_now``), else the SA query sent now (``SaQuery``), its answer ending
+        the resolution in the round that reads it; else the phase in the resolution's task."""
+        if self.route_now(entry, trio.current_time()):
+            self._end(entry, op, AcmStatus.SUCCESS)
+            return
         # At once: a peer's request in this round waits for the route (``peer_asked``).
         self.cache.set_state(entry, EntryState.QUERY_ROUTE)
         query = self._sa_query(entry)
-        started = self.ep.sa_begin(query) if query is not None else None
+        if query is None:
+            self._end(entry, op, AcmStatus.ENODATA, NO_ROUTE_QUERY)
+            return
+
+        def answered(outcome: SaOutcome) -> None:
+            self._route_answered(entry, op, outcome)
+
+        started = self.ep.sa_begin(query, answered)
         if started is None:
             if not self.ep.spawn(self._drive, entry, op, None):
                 self._end(entry, op, AcmStatus.ENODATA, CLOSED)
             return
         self.counters.both(Counter.ROUTE_QUERY)
-        started.on_outcome = lambda outcome: self._route_answered(entry, op, outcome)
         if not self.ep.spawn(started.run):
             started.abandon()
             self._end(entry, op, AcmStatus.ENODATA, CLOSED)
@@ -648,7 +659,7 @@ class Resolver:
         self.cache.set_state(entry, EntryState.QUERY_ROUTE)
         query = self._sa_query(entry)
         if query is None:
-            return AcmStatus.ENODATA, "no route query: the peer's address is not known"
+            return AcmStatus.ENODATA, NO_ROUTE_QUERY
         now = trio.current_time()
         table_path = ep.bulk_route(query.dgid, query.dlid, now)
         if table_path is not None:
@@ -688,7 +699,7 @@ class AddressFlight:
     round that started the resolution, holding a ``resolve_depth`` credit; sent again by the
     endpoint's timer task (``Timers``) up to ``retries`` times, each after ``attempt_wait``
     seconds; ended in the round that brings the peer's news (``PendingQuery.on_done``), by
-    the last time-out, or by the operation ending first (``Operation.landing``)."""
+    the last time-out, or by the operation ending first (its ``callbacks``)."""
 
     __slots__ = (
         "credits",
@@ -738,8 +749,12 @@ class AddressFlight:
         resolver.counters.both(Counter.ADDR_QUERY)
         ep.outstanding[self.tid] = self.pending
         self.pending.on_done = self.answered
-        self.op.landing = self.land
+        # However the operation ends (a peer, a removed address, the endpoint closing).
+        self.op.callbacks.append(self.landed_with)
         self.transmit(timers, now)
+
+    def landed_with(self, _: Operation) -> None:
+        self.land()
 
     def transmit(self, timers: Timers, now: float) -> None:
         resolver = self.resolver
@@ -785,5 +800,3 @@ class AddressFlight:
         pending.on_done = None
         if self.entry.wake is pending:
             self.entry.wake = None
-        if self.op.landing is not None:
-            self.op.landing = None

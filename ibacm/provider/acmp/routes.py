@@ -102,12 +102,12 @@ class SaPaths:
             return SaOutcome(reply.sa_status), records
         return SaOutcome(AcmStatus.ETIMEDOUT, reason="GetTable timed out"), []
 
-    def begin(self, query: PathRecord, comp_mask: int | None = None) -> SaQuery | None:
+    def begin(self, query: PathRecord, on_outcome: Callable[[SaOutcome], None]) -> SaQuery | None:
         """``get`` without waiting when the query can go out now (``CoreServices.sa_start``):
-        its outcome comes in the round that reads a usable answer (``SaQuery``); its ``run``
-        (the caller's task) drives the rest. None: use ``get``."""
+        ``on_outcome`` gets its outcome (in the round that reads a usable answer:
+        ``SaQuery``); its ``run`` (the caller's task) drives the rest. None: use ``get``."""
         tid = self.core.next_tid()
-        mad = build_path_get(tid, query, comp_mask)
+        mad = build_path_get(tid, query)
         try:
             call = self.core.sa_start(self.port, mad)
         except FabricError as exc:
@@ -115,7 +115,7 @@ class SaPaths:
             return None
         if call is None:
             return None
-        return SaQuery(self, query, comp_mask, tid, call)
+        return SaQuery(self, query, tid, call, on_outcome)
 
     async def _until_not_busy(
         self, query: PathRecord, comp_mask: int | None, *, table: bool, delay: float = 0.0
@@ -183,26 +183,25 @@ class SaQuery:
     umad retransmissions, a time-out, a BUSY answer asked again after a back-off. The
     outcome is given once."""
 
-    __slots__ = ("busy", "call", "comp_mask", "given", "on_outcome", "paths", "query", "tid")
+    __slots__ = ("busy", "call", "given", "on_outcome", "paths", "query", "tid")
 
     def __init__(
         self,
         paths: SaPaths,
         query: PathRecord,
-        comp_mask: int | None,
         tid: int,
         call: SaCall,
+        on_outcome: Callable[[SaOutcome], None],
     ) -> None:
         self.paths = paths
         self.query = query
-        self.comp_mask = comp_mask
         self.tid = tid
         self.call = call
+        self.on_outcome = on_outcome
         self.given = False
         self.busy = False
         """The answer said BUSY: ``run`` asks again after a back-off."""
-        self.on_outcome: Callable[[SaOutcome], None] = lambda outcome: None
-        call.when_ended(self._ended)
+        call.when_ended(self._ended)  # last: it may have ended already
 
     def _ended(self, call: SaCall) -> None:
         # The round that read the reply; a failure or BUSY is ``run``'s to handle.
@@ -242,7 +241,7 @@ class SaQuery:
             return SaOutcome(AcmStatus.ENODATA, reason=f"SA MAD not sent: {exc}")
         if self.busy:  # judged in the round of the answer; the rest as ``get`` does it
             return await self.paths._until_not_busy(
-                self.query, self.comp_mask, table=False, delay=BUSY_BACKOFF_INITIAL
+                self.query, None, table=False, delay=BUSY_BACKOFF_INITIAL
             )
         # Given in the round of the answer (``_ended`` judged ``raw``): nothing is left.
         return SaOutcome(AcmStatus.SUCCESS)

@@ -75,14 +75,9 @@ class ResolveCredits:
 
     async def __aenter__(self) -> None:
         task = trio.lowlevel.current_task()
-        try:
-            # A free credit is taken without a trip through the scheduler (``acquire``
-            # yields even then): the first resolution's MAD goes out a round sooner.
-            self._credits.acquire_nowait()
-        except trio.WouldBlock:
-            pass
-        else:
-            self._holders.add(task)
+        # A free credit is taken without a trip through the scheduler (``acquire`` yields
+        # even then): the first resolution's MAD goes out a round sooner.
+        if self.try_take(task):
             return
         with trio.move_on_after(self._max_wait()):
             await self._credits.acquire()
@@ -110,7 +105,8 @@ class ResolveCredits:
             self._credits.release()
 
 
-ResponseItem = tuple[bytes, AddressVector, int]
+OutItem = tuple[bytes, AddressVector, int, bool]
+"""A MAD waiting for a send slot: the MAD, where it goes, and whether it is a response."""
 
 
 class EndpointTraffic:
@@ -130,11 +126,9 @@ class EndpointTraffic:
         self.group0 = group0
         self.qp: UdQp | None = None
         """The endpoint's QP while it is open (the endpoint opens and closes it)."""
-        self._responses_in, self._responses_out = trio.open_memory_channel[ResponseItem](
-            queue_depth
-        )
+        self._responses_in, self._responses_out = trio.open_memory_channel[OutItem](queue_depth)
         self._queued = 0
-        """Responses in the queue: while any wait, later ones queue behind them (in order)."""
+        """MADs in the send queue: while any wait, later ones queue behind them (in order)."""
 
     # -- in -------------------------------------------------------------------------------
 
@@ -191,8 +185,9 @@ class EndpointTraffic:
         self.apply(self.protocol.response(entry, tid, status), math.nan)
 
     def post_request(self, mad: bytes) -> bool:
-        """Multicast an ACM request on group 0, posted now; a failed post is counted (the
-        retries go on); False once the QP is closed."""
+        """Multicast an ACM request on group 0, posted now (queued behind the responses
+        while every send slot is in flight); a failed post is counted (the retries go on);
+        False once the QP is closed."""
         qp, av = self.qp, self.group0.av
         if qp is None:
             return False
@@ -200,46 +195,51 @@ class EndpointTraffic:
             # Group 0 is being joined again: this transmission is lost, as on a fabric.
             self.stats.send_errors += 1
             return True
-        try:
-            qp.post(mad, av, MULTICAST_QPN)
-        except FabricError as exc:
-            self.stats.send_errors += 1
-            log.debug("request send failed", error=str(exc))
+        self._post(qp, (mad, av, MULTICAST_QPN, False))
         return True
 
     def queue_response(self, mad: bytes, av: AddressVector, qpn: int) -> None:
-        """Post a response now; when every send slot is in flight it waits in the response
-        queue for a sender (a full queue drops it, counted)."""
-        qp = self.qp
+        """Post a response now (queued while every send slot is in flight)."""
+        self._post(self.qp, (mad, av, qpn, True))
+
+    def _post(self, qp: UdQp | None, item: OutItem) -> None:
+        """Post now; while every send slot is in flight (or MADs wait already, in order) the
+        MAD waits in the send queue for a sender: a full queue drops it, counted."""
         if qp is not None and not self._queued:
+            mad, av, qpn, response = item
             try:
                 qp.post(mad, av, qpn)
             except SendQueueFull:
                 pass
             except FabricError as exc:
                 self.stats.send_errors += 1
-                log.debug("response send failed", error=str(exc))
+                log.debug("send failed", response=response, error=str(exc))
                 return
             else:
-                self.stats.responses_sent += 1
+                if response:
+                    self.stats.responses_sent += 1
                 return
         try:
-            self._responses_in.send_nowait((mad, av, qpn))
+            self._responses_in.send_nowait(item)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            self.stats.responses_dropped += 1
+            if item[3]:
+                self.stats.responses_dropped += 1
+            else:
+                self.stats.send_errors += 1  # a transmission lost; the retries go on
         else:
             self._queued += 1
 
     async def response_sender(self) -> None:
         """One of ``send_depth`` senders: at most that many responses in flight."""
-        async for mad, av, qpn in self._responses_out:
+        async for mad, av, qpn, response in self._responses_out:
             self._queued -= 1
             qp = self.qp
             if qp is None:
                 return
             try:
                 await qp.send(mad, av, qpn)
-                self.stats.responses_sent += 1
+                if response:
+                    self.stats.responses_sent += 1
             except FabricError as exc:
                 self.stats.send_errors += 1
-                log.debug("response send failed", error=str(exc))
+                log.debug("send failed", response=response, error=str(exc))

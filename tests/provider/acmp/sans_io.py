@@ -139,7 +139,9 @@ class Side:
         await trio.sleep(budget)  # as ``SaPaths.get``: the phase's budget ends the query
         return SaOutcome(AcmStatus.ETIMEDOUT, reason=f"no SA answer within {budget:g}s")
 
-    def sa_begin(self, query: PathRecord) -> SaQuery | None:
+    def sa_begin(
+        self, query: PathRecord, on_outcome: Callable[[SaOutcome], None]
+    ) -> SaQuery | None:
         return None  # queries go through ``sa_get`` here (the harness starts them for real)
 
     def respond(self, entry: DestEntry, tid: int, status: int) -> None:

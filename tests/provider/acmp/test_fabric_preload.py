@@ -143,6 +143,13 @@ async def test_bulk_route_preload_replaces_per_pair_path_queries(
             assert result.paths[0].dgid == c.world.node(dst).gids[0]
         assert c.acm_requests() == 4  # addresses still come from ACM
         assert c.sa_path_queries() == 0
+        # The path form (by DLID, by DGID) takes its route from the table too.
+        node5 = c.world.node("node5")
+        by_lid = await c["node2"].resolve_path(PathRecord(dlid=node5.lids[0]))
+        by_gid = await c["node3"].resolve_path(PathRecord(dgid=node5.gids[0]))
+        assert by_lid.status == by_gid.status == AcmStatus.SUCCESS
+        assert by_lid.paths[0].dlid == by_gid.paths[0].dlid == node5.lids[0]
+        assert c.sa_path_queries() == 0
 
 
 async def test_bulk_route_preload_is_off_by_default(autojump_clock: object) -> None:

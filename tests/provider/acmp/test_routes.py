@@ -220,10 +220,9 @@ async def test_a_started_query_gives_its_outcome_in_the_round_of_the_answer(
 ) -> None:
     core = StartingSa([])
     sa = SaPaths(core, object())  # type: ignore[arg-type]
-    query = sa.begin(address_query(GID_A, GID_B, 0, 0xFFFF))
-    assert query is not None and len(core.sent) == 1  # sent before begin returned
     outcomes: list[SaOutcome] = []
-    query.on_outcome = outcomes.append
+    query = sa.begin(address_query(GID_A, GID_B, 0, 0xFFFF), outcomes.append)
+    assert query is not None and len(core.sent) == 1  # sent before begin returned
     async with trio.open_nursery() as nursery:
         nursery.start_soon(query.run)
         await trio.testing.wait_all_tasks_blocked()
@@ -233,7 +232,7 @@ async def test_a_started_query_gives_its_outcome_in_the_round_of_the_answer(
         assert outcomes[0].record is not None and outcomes[0].record.dlid == 5
     assert len(outcomes) == 1 and sa.failures == 0  # run gave nothing more
     # Without a credit (or a port that can start), the query is not begun.
-    assert sa.begin(PathRecord(dlid=9)) is None
+    assert sa.begin(PathRecord(dlid=9), outcomes.append) is None
 
 
 @pytest.mark.trio
@@ -243,10 +242,9 @@ async def test_a_started_query_that_is_busy_or_unanswered_ends_through_run(
     # BUSY in the round of the answer: asked again by run after a pause (``sa_request``).
     core = StartingSa([answer()])
     sa = SaPaths(core, object())  # type: ignore[arg-type]
-    query = sa.begin(PathRecord(dlid=5))
-    assert query is not None
     outcomes: list[SaOutcome] = []
-    query.on_outcome = outcomes.append
+    query = sa.begin(PathRecord(dlid=5), outcomes.append)
+    assert query is not None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(query.run)
         await trio.testing.wait_all_tasks_blocked()
@@ -257,14 +255,13 @@ async def test_a_started_query_that_is_busy_or_unanswered_ends_through_run(
     # No answer: the call's time-out ends the query ETIMEDOUT, counted once.
     core = StartingSa([])
     sa = SaPaths(core, object())  # type: ignore[arg-type]
-    query = sa.begin(PathRecord(dlid=5))
+    query = sa.begin(PathRecord(dlid=5), outcomes.append)
     assert query is not None
-    query.on_outcome = outcomes.append
     await query.run()
     assert outcomes[-1].status == AcmStatus.ETIMEDOUT and sa.failures == 1
     # Abandoned (nobody runs it): the call ends, so its credit comes back.
     core = StartingSa([])
-    query = SaPaths(core, object()).begin(PathRecord(dlid=5))  # type: ignore[arg-type]
+    query = SaPaths(core, object()).begin(PathRecord(dlid=5), outcomes.append)  # type: ignore[arg-type]
     assert query is not None
     query.abandon()
     assert core.calls[0].ended and core.driven == 0
