@@ -791,7 +791,7 @@ class AddressFlight:
             return
         self.landed = True
         if self.timer is not None:
-            self.timer.cancel()
+            self.resolver.ep.timers.cancel(self.timer)
         outstanding = self.resolver.ep.outstanding
         if outstanding.get(self.tid) is self.pending:
             del outstanding[self.tid]

@@ -8,9 +8,10 @@ deadline a new, earlier timer moves forward (no wake-up, no task switch), and ca
 timer's ``fire`` in its round. A job start's burst of first resolutions costs one task, not
 one per destination.
 
-Timers are cancelled lazily (a flag; the heap drops them when they come up). When the task
-ends (the endpoint closes), every timer still armed is ``close``-d: what waits on it learns
-that the endpoint is gone, as a task of the endpoint's nursery learns it by cancellation.
+Timers are cancelled lazily (a flag; the heap drops them when they come up), and the task's
+deadline moves to the next armed one when the earliest is cancelled. When the task ends (the
+endpoint closes), every timer still armed is ``close``-d: what waits on it learns that the
+endpoint is gone, as a task of the endpoint's nursery learns it by cancellation.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class TimerClient(Protocol):
 
 
 class Timer:
-    """One armed deadline (``Timers.at``); ``cancel`` disarms it."""
+    """One armed deadline (``Timers.at``); ``Timers.cancel`` disarms it."""
 
     __slots__ = ("armed", "client", "deadline")
 
@@ -43,9 +44,6 @@ class Timer:
         self.deadline = deadline
         self.client = client
         self.armed = True
-
-    def cancel(self) -> None:
-        self.armed = False
 
 
 class Timers:
@@ -70,6 +68,14 @@ class Timers:
         if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline  # the sleeping task wakes sooner, without a wake-up
         return timer
+
+    def cancel(self, timer: Timer) -> None:
+        """Disarm ``timer``; when the task sleeps until it, it sleeps until the next one
+        instead (a request answered in time costs no wake-up at its deadline)."""
+        timer.armed = False
+        scope = self._scope
+        if scope is not None and timer.deadline <= scope.deadline:
+            scope.deadline = self._next()
 
     async def run(self) -> None:
         """Fire timers until cancelled; then close every timer still armed."""
