@@ -37,21 +37,21 @@ _SEG_NUM_OFFSET = 28
 
 @dataclass(slots=True)
 class _Waiter:
+    """An outstanding request; it leaves the agent's table when its call ends."""
+
+    call: SaCall
+    """Ended in the round that reads its reply (``start``)."""
     done: trio.Event = field(default_factory=trio.Event)
     reassembler: RmppReassembler = field(default_factory=RmppReassembler)
     next_segment: int = 1
-    call: SaCall | None = None
-    """The call ended in the round that reads its reply (``start``)."""
 
     def complete(self, result: bytes) -> None:
         self.done.set()
-        if self.call is not None:
-            self.call.end(result)
+        self.call.end(result)
 
     def fail(self, error: FabricError) -> None:
         self.done.set()  # the drive wakes and finds the call ended
-        if self.call is not None:
-            self.call.end(None, error)
+        self.call.end(None, error)
 
 
 TransmitNow = Callable[[bytes], None]
@@ -90,7 +90,6 @@ class UmadAgent:
         without a response, then ends it with SaTimeout (SaSendError when ``transmit``
         fails). Raises SaSendError for a malformed request, or what ``transmit`` raises."""
         low, wire = self._check(mad, timeout_ms, retries)
-        waiter = _Waiter()
         waiters = self._waiters
 
         async def drive(call: SaCall) -> None:
@@ -111,8 +110,8 @@ class UmadAgent:
             if waiters.get(low) is waiter:
                 del waiters[low]
 
-        call = waiter.call = SaCall(drive)
-        waiters[low] = waiter
+        call = SaCall(drive)
+        waiter = waiters[low] = _Waiter(call)
         call.when_ended(forget)
         try:
             transmit(wire)
@@ -127,7 +126,7 @@ class UmadAgent:
         if tid >> 32 != self.agent_id:
             return False
         waiter = self._waiters.get(tid & 0xFFFFFFFF)
-        if waiter is None or waiter.done.is_set():
+        if waiter is None:
             return False
         waiter.fail(error)
         return True
@@ -135,8 +134,7 @@ class UmadAgent:
     def fail_all(self, error: FabricError) -> None:
         """End every outstanding request with ``error`` (the transport is gone)."""
         for waiter in list(self._waiters.values()):
-            if not waiter.done.is_set():
-                waiter.fail(error)
+            waiter.fail(error)
 
     def _check(self, mad: bytes, timeout_ms: int, retries: int) -> tuple[int, bytes]:
         """The TID's low bits and the MAD as it goes out (our agent number above them)."""
@@ -178,7 +176,7 @@ class UmadAgent:
             self._report_ready.set()
             return
         waiter = self._waiters.get(int.from_bytes(mad[_TID_OFFSET + 4 : _TID_OFFSET + 8], "big"))
-        if waiter is None or waiter.done.is_set():
+        if waiter is None:
             self.unmatched += 1
             return
         if not mad[_RMPP_FLAGS_OFFSET] & RmppFlag.ACTIVE:

@@ -322,7 +322,7 @@ class AcmpEndpoint:
                     self.nursery = nursery
                     nursery.start_soon(self.traffic.receive_loop)
                     for _ in range(max(1, self.options.send_depth)):
-                        nursery.start_soon(self.traffic.response_sender)
+                        nursery.start_soon(self.traffic.queued_sender)
                     nursery.start_soon(self._expiry_loop)
                     nursery.start_soon(self.timers.run)
                     self.start_joins()

@@ -427,13 +427,12 @@ class Resolver:
         this round. False when it cannot go out at once (no free credit, the endpoint not
         able to ask): the resolution's task does that phase, waiting as it must."""
         ep = self.ep
-        timers = ep.timers
-        if not timers.running or not ep.can_ask:
+        if not ep.timers.running or not ep.can_ask:
             return False
         flight = AddressFlight(self, entry, op, source, pending, ep.resolve_credits)
         if not flight.credits.try_take(flight):
             return False
-        flight.launch(timers, trio.current_time())
+        flight.launch(trio.current_time())
         return True
 
     def address_answered(self, flight: AddressFlight) -> None:
@@ -602,13 +601,7 @@ class Resolver:
         if not ep.can_ask:
             pending.complete(AcmStatus.ENODATA, NOT_READY)
             return
-        tid = ep.next_tid()
-        addr_type, address = key_type(entry.key), key_address(entry.key)
-        mad = acm_request(
-            tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
-        ).encode()
-        self.counters.both(Counter.ADDR_QUERY)
-        ep.outstanding[tid] = pending
+        tid, mad = self.open_request(entry, source, pending)
         try:
             for attempt in range(self.options.retries + 1):
                 log.debug("acm request", tid=tid, attempt=attempt)
@@ -620,6 +613,21 @@ class Resolver:
                     return
         finally:
             ep.outstanding.pop(tid, None)
+
+    def open_request(
+        self, entry: DestEntry, source: EpAddr, pending: PendingQuery
+    ) -> tuple[int, bytes]:
+        """A new ACM request for ``entry``'s address, counted and outstanding (its answer
+        completes ``pending``): its TID and bytes."""
+        ep = self.ep
+        tid = ep.next_tid()
+        addr_type, address = key_type(entry.key), key_address(entry.key)
+        mad = acm_request(
+            tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
+        ).encode()
+        self.counters.both(Counter.ADDR_QUERY)
+        ep.outstanding[tid] = pending
+        return tid, mad
 
     # -- route phase ----------------------------------------------------------------------
 
@@ -737,33 +745,24 @@ class AddressFlight:
         self.timer: Timer | None = None
         self.landed = False
 
-    def launch(self, timers: Timers, now: float) -> None:
-        resolver = self.resolver
-        ep = resolver.ep
-        entry, source = self.entry, self.source
-        self.tid = ep.next_tid()
-        addr_type, address = key_type(entry.key), key_address(entry.key)
-        self.mad = acm_request(
-            self.tid, addr_type, address, source.type, source.info, joined_mgids(ep.groups)
-        ).encode()
-        resolver.counters.both(Counter.ADDR_QUERY)
-        ep.outstanding[self.tid] = self.pending
+    def launch(self, now: float) -> None:
+        self.tid, self.mad = self.resolver.open_request(self.entry, self.source, self.pending)
         self.pending.on_done = self.answered
         # However the operation ends (a peer, a removed address, the endpoint closing).
         self.op.callbacks.append(self.landed_with)
-        self.transmit(timers, now)
+        self.transmit(now)
 
     def landed_with(self, _: Operation) -> None:
         self.land()
 
-    def transmit(self, timers: Timers, now: float) -> None:
+    def transmit(self, now: float) -> None:
         resolver = self.resolver
         log.debug("acm request", tid=self.tid, attempt=self.sent)
         self.sent += 1
         if not resolver.ep.post_request(self.mad):
             self.close()  # the QP is closed: the endpoint is closing
             return
-        self.timer = timers.at(now + resolver.attempt_wait, self)
+        self.timer = resolver.ep.timers.at(now + resolver.attempt_wait, self)
 
     def answered(self) -> None:
         if not self.landed:
@@ -775,7 +774,7 @@ class AddressFlight:
             return
         resolver = self.resolver
         if self.sent <= resolver.options.retries:
-            self.transmit(resolver.ep.timers, now)
+            self.transmit(now)
         else:
             resolver.address_timed_out(self)
 

@@ -83,7 +83,7 @@ class SaPaths:
                 self.failures += 1
             return outcome
         self.failures += 1
-        return SaOutcome(AcmStatus.ETIMEDOUT, reason=f"no usable SA answer within {budget:g}s")
+        return over_budget(budget)
 
     async def get_table(
         self, query: PathRecord, comp_mask: int = BULK_COMP_MASK
@@ -139,10 +139,8 @@ class SaPaths:
             mad = build(tid, query, comp_mask)
             try:
                 raw = await self.core.sa_request(self.port, mad)
-            except SaTimeout:
-                return SaOutcome(AcmStatus.ETIMEDOUT, reason="SA did not answer")
             except FabricError as exc:
-                return SaOutcome(AcmStatus.ENODATA, reason=f"SA MAD not sent: {exc}")
+                return unanswered(exc)
             judged = self.judge(raw, tid, table=table)
             if judged is not None:
                 return judged
@@ -163,6 +161,18 @@ class SaPaths:
                 AcmStatus.ENODATA, reason=f"SA answered with MAD status 0x{generic:02x}"
             )
         return reply
+
+
+def unanswered(exc: FabricError) -> SaOutcome:
+    """The outcome of a query the SA did not answer (SaTimeout) or that was not sent."""
+    if isinstance(exc, SaTimeout):
+        return SaOutcome(AcmStatus.ETIMEDOUT, reason="SA did not answer")
+    return SaOutcome(AcmStatus.ENODATA, reason=f"SA MAD not sent: {exc}")
+
+
+def over_budget(budget: float) -> SaOutcome:
+    """The outcome of a query that had no usable answer within the route phase's budget."""
+    return SaOutcome(AcmStatus.ETIMEDOUT, reason=f"no usable SA answer within {budget:g}s")
 
 
 def record_outcome(reply: SaMad) -> SaOutcome:
@@ -230,15 +240,13 @@ class SaQuery:
         with trio.move_on_after(budget):
             self._give(await self._rest())
             return
-        self._give(SaOutcome(AcmStatus.ETIMEDOUT, reason=f"no usable SA answer within {budget:g}s"))
+        self._give(over_budget(budget))
 
     async def _rest(self) -> SaOutcome:
         try:
             await self.call.wait()
-        except SaTimeout:
-            return SaOutcome(AcmStatus.ETIMEDOUT, reason="SA did not answer")
         except FabricError as exc:
-            return SaOutcome(AcmStatus.ENODATA, reason=f"SA MAD not sent: {exc}")
+            return unanswered(exc)
         if self.busy:  # judged in the round of the answer; the rest as ``get`` does it
             return await self.paths._until_not_busy(
                 self.query, None, table=False, delay=BUSY_BACKOFF_INITIAL

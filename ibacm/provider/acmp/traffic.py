@@ -3,11 +3,12 @@
 The receive loop serves the QP (``UdQp.serve``): each batch of MADs (``RECEIVE_BATCH``) goes
 to the endpoint's ``PeerProtocol.receive`` in the round the fabric backend read it, and the
 actions it returns are applied (``apply``) in that round: a response to a peer is posted at
-once (``UdQp.post``; only while every send slot is in flight does it wait in the response
+once (``UdQp.post``; only while every send slot is in flight does it wait in the send
 queue, drained by ``send_depth`` senders; a full queue drops it, counted); news of a peer
 ends the address phase waiting for it; a learned peer's route goes to the ``Resolver``. ACM
 requests are multicast on group 0 (``post_request``), paced by the ``resolve_depth``
-credits (``ResolveCredits``) the resolver holds while one is out.
+credits (``ResolveCredits``) the resolver holds while one is out; they wait in the send
+queue too, behind the responses, when every send slot is in flight.
 
 The endpoint opens and closes the QP (``qp``) and runs these loops in its nursery; the calls
 here are native ones between compiled classes (the protocol, the resolver, the statistics).
@@ -126,7 +127,7 @@ class EndpointTraffic:
         self.group0 = group0
         self.qp: UdQp | None = None
         """The endpoint's QP while it is open (the endpoint opens and closes it)."""
-        self._responses_in, self._responses_out = trio.open_memory_channel[OutItem](queue_depth)
+        self._send_queue_in, self._send_queue_out = trio.open_memory_channel[OutItem](queue_depth)
         self._queued = 0
         """MADs in the send queue: while any wait, later ones queue behind them (in order)."""
 
@@ -220,7 +221,7 @@ class EndpointTraffic:
                     self.stats.responses_sent += 1
                 return
         try:
-            self._responses_in.send_nowait(item)
+            self._send_queue_in.send_nowait(item)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             if item[3]:
                 self.stats.responses_dropped += 1
@@ -229,9 +230,10 @@ class EndpointTraffic:
         else:
             self._queued += 1
 
-    async def response_sender(self) -> None:
-        """One of ``send_depth`` senders: at most that many responses in flight."""
-        async for mad, av, qpn, response in self._responses_out:
+    async def queued_sender(self) -> None:
+        """One of ``send_depth`` senders of the send queue (MADs that found every send slot
+        in flight), each waiting for its send's completion."""
+        async for mad, av, qpn, response in self._send_queue_out:
             self._queued -= 1
             qp = self.qp
             if qp is None:

@@ -1,5 +1,5 @@
 """An endpoint's QP traffic (``acmp.traffic``): actions applied in the receive round, the
-response queue's bound, requests multicast on group 0 over the simulated fabric."""
+send queue's bound, requests multicast on group 0 over the simulated fabric."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ async def test_a_full_send_queue_delays_requests_and_responses_in_order(
     assert entry is not None
     traffic.respond(entry, 7, 0)  # our answer to it, behind the request
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(traffic.response_sender)
+        nursery.start_soon(traffic.queued_sender)
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert [qpn for _, qpn in qp.sent] == [MULTICAST_QPN, PEER_QPN]
