@@ -7,6 +7,9 @@ protocol, and the SA answers from a table. The clock is trio's mock clock.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
@@ -43,12 +46,18 @@ def counted(side: Side, counter: Counter) -> int:
     return side.counters.local.snapshot()[int(counter)]
 
 
-async def test_an_address_resolution_asks_the_peers_then_the_sa(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+def answered_by_the_sa() -> Side:
+    """A ready side whose SA knows the route to the peer."""
     side = Side()
     side.join()
     side.sa_answers[PEER_GID] = SaOutcome(AcmStatus.SUCCESS, ROUTE)
+    return side
+
+
+@asynccontextmanager
+async def resolving(side: Side) -> AsyncIterator[list[Answer]]:
+    """A client resolving the peer in a task of its own, parked by the time this yields;
+    its answer is in the list once the block ends."""
     answers: list[Answer] = []
 
     async def resolve() -> None:
@@ -58,6 +67,14 @@ async def test_an_address_resolution_asks_the_peers_then_the_sa(
         side.nursery = nursery
         nursery.start_soon(resolve)
         await trio.testing.wait_all_tasks_blocked()
+        yield answers
+
+
+async def test_an_address_resolution_asks_the_peers_then_the_sa(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    side = answered_by_the_sa()
+    async with resolving(side) as answers:
         (sent,) = side.requests
         asked = AcmMad.decode(sent)
         assert asked.method == ACM_METHOD_RESOLVE and asked.gids == [side.group0.mgid]
@@ -97,18 +114,8 @@ async def test_the_peers_own_request_completes_a_waiting_resolution(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """No answer to our request is needed when the peer asks us first (ARP-like)."""
-    side = Side()
-    side.join()
-    side.sa_answers[PEER_GID] = SaOutcome(AcmStatus.SUCCESS, ROUTE)
-    answers: list[Answer] = []
-
-    async def resolve() -> None:
-        answers.append(await side.resolver.resolve_address(SOURCE, DEST, False))
-
-    async with trio.open_nursery() as nursery:
-        side.nursery = nursery
-        nursery.start_soon(resolve)
-        await trio.testing.wait_all_tasks_blocked()
+    side = answered_by_the_sa()
+    async with resolving(side) as answers:
         theirs = acm_request(99, IP, bytes(4), IP, PEER_IP, [side.group0.mgid]).encode()
         side.receive(from_peer(theirs))
     assert answers == [(AcmStatus.SUCCESS, ROUTE)] and len(side.requests) == 1
@@ -118,9 +125,7 @@ async def test_the_peers_own_request_completes_a_waiting_resolution(
 async def test_a_peer_asking_for_us_is_answered_when_the_sa_gives_the_route(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    side = Side()
-    side.join()
-    side.sa_answers[PEER_GID] = SaOutcome(AcmStatus.SUCCESS, ROUTE)
+    side = answered_by_the_sa()
     theirs = acm_request(0xABC, IP, OUR_IP, IP, PEER_IP, [side.group0.mgid]).encode()
     async with trio.open_nursery() as nursery:
         side.nursery = nursery
