@@ -12,7 +12,7 @@ bash scripts/setup.sh
 .venv/bin/mypy
 .venv/bin/mypy packaging/bundle.py
 
-COMPILED_TESTS=${COMPILED_TESTS:-tests/compiled tests/wire tests/provider/acmp tests/core tests/peers tests/reliability}
+COMPILED_TESTS=${COMPILED_TESTS:-tests/compiled tests/wire tests/provider/acmp tests/core tests/fabric tests/peers tests/reliability}
 status=0
 IBACM_COMPILED=0 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
 variant=$(IBACM_COMPILED=auto .venv/bin/python -m ibacm.compiled.build --status 2>&1 || true)

@@ -62,12 +62,25 @@ MODULES = (
     "ibacm.provider.acmp.traffic",
     "ibacm.provider.acmp.endpoint",
     "ibacm.provider.acmp.groups",
+    "ibacm.provider.acmp.provider",
+    "ibacm.provider.acmp.routes",
+    "ibacm.provider.acmp.timers",
+    "ibacm.core.sa",
+    "ibacm.core.events",
+    "ibacm.fabric.capture",
+    "ibacm.fabric.sim.hub_protocol",
+    "ibacm.fabric.sim.hub_client",
+    "ibacm.fabric.sim.umad",
     "ibacm.log",
 )
-"""Compiled together (one mypyc group): the client protocol, the dispatcher, the provider's
-endpoint (its receive loop: ``traffic``), cache (with its keys, entries, deadlines, eviction
-and published route table), bulk routes, groups, MAD handler and resolutions, and the log
-gate they all ask."""
+"""Compiled together (one mypyc group): the client protocol, the dispatcher, the provider
+(its endpoint and receive loop: ``traffic``; cache, with its keys, entries, deadlines,
+eviction and published route table; bulk routes, groups, MAD handler, resolutions, SA
+route queries and timers), the SA channel, the event bus, the capture tap every MAD passes,
+the simulated fabric's transport (hub client, frames, umad agent) and the log gate they all
+ask: everything between a client's request and the MAD it causes, and back. Not here: the
+fabric interface (``fabric.api``: interpreted backends and test fakes subclass it) and
+``core.services`` (the provider tests' core subclasses it)."""
 GROUP = "ibacm_compiled"
 """mypyc's group name: the shared library is the top-level module ``GROUP + "__mypyc"``."""
 EXTENSIONS = (*MODULES, GROUP + "__mypyc")

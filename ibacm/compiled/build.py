@@ -58,12 +58,17 @@ def build(force: bool = False) -> Path:
         paths = [str(source_path(module)) for module in MODULES]
         try:
             extensions = mypycify(
-                paths, opt_level="3", group_name=GROUP, target_dir=str(scratch / "c")
+                paths,
+                opt_level="3",
+                group_name=GROUP,
+                target_dir=str(scratch / "c"),
+                multi_file=True,
             )
             distribution = setuptools.Distribution({"name": GROUP, "ext_modules": extensions})
             command = distribution.get_command_obj("build_ext")
             command.build_lib = str(scratch / "lib")
             command.build_temp = str(scratch / "tmp")
+            command.parallel = os.cpu_count() or 1  # multi_file: one C file per module
             command.ensure_finalized()
             command.run()
         except (Exception, SystemExit) as exc:  # mypyc reports type errors by exiting

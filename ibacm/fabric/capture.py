@@ -734,12 +734,12 @@ class CaptureControl:
             header = erf.pcap_file_header()
             try:
                 await trio.to_thread.run_sync(_append, raw, header, 0)
-            except BaseException as exc:
+            except BaseException as failure:
                 raw.close()
-                if isinstance(exc, OSError):
+                if isinstance(failure, OSError):
                     raise CaptureError(
-                        f"cannot write capture file {path!r}: {reason(exc)}"
-                    ) from exc
+                        f"cannot write capture file {path!r}: {reason(failure)}"
+                    ) from failure
                 raise
             send, receive = trio.open_memory_channel[MadTrace](self._queue_size)
             session = _Session(

@@ -116,6 +116,8 @@ class _Link:
         """A read brought something a waiter may wait for (not only served QPs' MADs)."""
         self._reading: trio.CancelScope | None = None
         """The pump's wait for readable, cancelled when a write leaves bytes to flush."""
+        self._drained = False
+        """The last read emptied the socket (see ``_read``)."""
         self._out = bytearray()
         """Frames (the tail of one maybe) the socket could not take yet, in call order."""
         self.outbound_limit = OUTBOUND_LIMIT
@@ -141,12 +143,17 @@ class _Link:
             while not ready():
                 if self.lost is not None or self._pumping:
                     await self._round.wait()
-                else:
-                    pumped = True
-                    if not await self._pump() and not ready():
-                        # It read without a scheduler pass (the MADs went to their handlers
-                        # at once); a flood must still let other tasks run between reads.
-                        await trio.lowlevel.checkpoint()
+                    continue
+                pumped = True
+                # One cancel scope for as long as this task reads, not one per wait (a job
+                # start's burst wakes the reader once per MAD): a write that must flush
+                # cancels it (``_reading``), and the reading goes on in a new one.
+                with trio.CancelScope() as scope:
+                    while not ready() and self.lost is None:
+                        if not await self._pump(scope) and not ready():
+                            # It read without a scheduler pass (the MADs went to their
+                            # handlers at once); a flood must still let others run.
+                            await trio.lowlevel.checkpoint()
         finally:
             if pumped:
                 self.kick()  # a waiter takes the reading over
@@ -154,9 +161,10 @@ class _Link:
     async def until_set(self, event: trio.Event) -> None:
         await self.until(event.is_set)
 
-    async def _pump(self) -> bool:
+    async def _pump(self, scope: trio.CancelScope) -> bool:
         """One round: flush waiting writes, or read and hand out what the hub sent; true when
-        it went through the scheduler."""
+        it went through the scheduler. ``scope`` is cancelled by a write that leaves bytes
+        behind while this waits for data."""
         self._pumping = True
         try:
             if self._out:
@@ -165,20 +173,19 @@ class _Link:
                 await trio.lowlevel.wait_writable(self._fd)
                 self._flush()
                 return True
-            data = self._read()
-            if data is not None:
-                self._take(data)
-                return False
-            with trio.CancelScope() as scope:
-                self._reading = scope
-                await trio.lowlevel.wait_readable(self._fd)
-            self._reading = None
-            if not scope.cancelled_caught:
-                # Read and handled in the round that woke up: a MAD in and the MAD a
-                # handler posts for it need no scheduler pass between them (issue 28).
+            if not self._drained:
                 data = self._read()
                 if data is not None:
                     self._take(data)
+                    return False
+            self._reading = scope
+            await trio.lowlevel.wait_readable(self._fd)
+            self._reading = None
+            # Read and handled in the round that woke up: a MAD in and the MAD a handler
+            # posts for it need no scheduler pass between them (issue 28).
+            data = self._read()
+            if data is not None:
+                self._take(data)
             return True
         except (trio.ClosedResourceError, OSError) as exc:
             self._mark_lost(f"hub connection failed: {exc}")
@@ -195,9 +202,14 @@ class _Link:
     def _read(self) -> bytes | None:
         """What the socket holds (b"" at its end), None when nothing yet."""
         try:
-            return os.read(self._fd, _READ_SIZE)
+            data = os.read(self._fd, _READ_SIZE)
         except BlockingIOError:
+            self._drained = True
             return None
+        # A short read emptied the socket: the next round waits for readable without
+        # trying a read that would only say EAGAIN (one system call per wake-up).
+        self._drained = 0 < len(data) < _READ_SIZE
+        return data
 
     def _take(self, data: bytes) -> None:
         if not data:
@@ -313,6 +325,8 @@ class _Link:
 
 
 class HubUdQp(UdQp):
+    completion_errors: int = 0  # declared again: mypyc needs it in the compiled subclass
+
     def __init__(self, port: HubPort, handle: int, qpn: int, recv_depth: int) -> None:
         self._port = port
         self._fabric = port.device.fabric
@@ -368,8 +382,8 @@ class HubUdQp(UdQp):
             raise FabricError(str(exc)) from exc
         try:
             await link.finish(call_id, call, data)
-        except HubConnectionLost as exc:
-            raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
+        except HubConnectionLost as lost:
+            raise PortDownError(f"simulated port lost with the hub: {lost}") from lost
 
     def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
         if self._closed:
@@ -380,8 +394,8 @@ class HubUdQp(UdQp):
             raise FabricError(str(exc)) from exc
         try:
             self._link.post(data)
-        except HubConnectionLost as exc:
-            raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
+        except HubConnectionLost as lost:
+            raise PortDownError(f"simulated port lost with the hub: {lost}") from lost
 
     def post_failed(self, message: str) -> None:
         """The hub could not send a posted MAD (its POST_ERROR): a completion error."""
@@ -524,8 +538,8 @@ class HubPort(Port):
             self.device.fabric.link.write(data)
         except hp.HubProtocolError as exc:
             raise SaSendError(str(exc)) from exc
-        except HubConnectionLost as exc:
-            raise SaSendError(f"hub connection lost: {exc}") from exc
+        except HubConnectionLost as lost:
+            raise SaSendError(f"hub connection lost: {lost}") from lost
 
     def sa_post_failed(self, tid: int, message: str) -> bool:
         """The hub could not send an SA MAD we posted (its SA_POST_ERROR): the request it
@@ -550,8 +564,8 @@ class HubPort(Port):
                     "pkey_index": pkey_index,
                 }
             )
-        except HubConnectionLost as exc:
-            raise PortDownError(f"simulated port lost with the hub: {exc}") from exc
+        except HubConnectionLost as lost:
+            raise PortDownError(f"simulated port lost with the hub: {lost}") from lost
         qp = HubUdQp(self, int(reply["handle"]), int(reply["qpn"]), recv_depth)
         fabric.qps[qp.handle] = qp
         return qp
@@ -622,10 +636,12 @@ class HubFabric(Fabric):
             reply = await link.call(
                 {"op": "hello", "version": hp.PROTOCOL_VERSION, "node": self.node_name}
             )
-        except FabricError as exc:
+        except FabricError as refused:
             await trio.aclose_forcefully(stream)
             self._link = None
-            raise NoDevicesError(f"simulator hub refused node {self.node_name!r}: {exc}") from exc
+            raise NoDevicesError(
+                f"simulator hub refused node {self.node_name!r}: {refused}"
+            ) from refused
         self.devices = [HubDevice(self, i, raw) for i, raw in enumerate(reply["devices"])]
         if not self.devices:
             raise NoDevicesError(f"node {self.node_name} has no InfiniBand device")
