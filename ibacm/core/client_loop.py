@@ -585,6 +585,10 @@ class ClientLoop:
         # A one-shot client (ib_acme) sent its request right after connecting: read it,
         # answer a hit and see the close before the connection costs a registration.
         self._serve(conn, _IN, now)
+        if self._batch:
+            # Its request must wait for the fabric: the trio side takes it now, before the
+            # registration and the next accept (its MAD leaves two system calls sooner).
+            self._hand_over()
         if conn.closed:
             return
         try:
