@@ -26,6 +26,7 @@ from ibacm.config.option_file import load_options
 from ibacm.config.option_values import ServerMode
 from ibacm.config.options import Options
 from ibacm.config.paths import DEFAULT_ADDR_FILE, DEFAULT_OPTS_FILE
+from ibacm.core import gc_policy
 from ibacm.core.daemon import Daemon
 from ibacm.core.daemonize import Readiness, daemonize
 from ibacm.core.listeners import ListenerError
@@ -141,6 +142,7 @@ class _ReportStarted:
 
     def started(self, value: object = None) -> None:
         self.readiness.report(0)
+        gc_policy.settle()  # the process serves: its start-up objects live as long as it
 
 
 async def _serve(daemon: Daemon, readiness: Readiness) -> None:
