@@ -24,7 +24,7 @@ from ibacm.fabric.api import (
     ReceivedMad,
     SendQueueFull,
 )
-from ibacm.fabric.hw.ud_qp import SEND_DEPTH, SEND_WR_BASE, HwUdQp, QpResources
+from ibacm.fabric.hw.ud_qp import ACK_BATCH, SEND_DEPTH, SEND_WR_BASE, HwUdQp, QpResources
 from ibacm.fabric.hw.verbs_handles import LibVerbs, VerbsHandles
 from tests.fabric.hw.fake_verbs import ENUMS, FakeHandles, FakeHca, FakeLibVerbs
 
@@ -131,8 +131,25 @@ async def test_receive_takes_the_source_from_the_grh_and_reposts_the_buffer() ->
     assert (received.slid, received.src_qp, received.pkey_index) == (9, 0x77, 1)
     assert hca.qp is not None
     assert [wr.wr_id for wr in hca.qp.recvs[4:]] == [2]  # slot 2 went back to the HCA
-    assert hca.cq is not None and hca.cq.acked == 1 and hca.cq.armed
+    assert hca.qp.recvs[4] is hca.qp.recvs[2]  # the same work request, posted again
+    assert hca.cq is not None and hca.cq.events == 1 and hca.cq.armed
     await qp.aclose()
+    assert hca.cq.unacked_at_close == 0 and hca.cq.acked == 1  # acknowledged before destroy
+
+
+@pytest.mark.trio
+async def test_cq_events_are_acknowledged_in_batches_and_all_before_the_cq_goes() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    assert hca.cq is not None and hca.qp is not None
+    for n in range(ACK_BATCH + 3):  # one event each: every MAD is read before the next
+        hca.deliver(n % 4, bytes(40), MAD, slid=n)
+        assert (await qp.receive()).slid == n
+    assert (hca.cq.events, hca.cq.acked) == (ACK_BATCH + 3, ACK_BATCH)
+    await qp.aclose()
+    assert hca.cq.unacked_at_close == 0 and hca.cq.acked == ACK_BATCH + 3
+    # Every work request was built once, posted again and again, and freed after the QP.
+    assert len({id(wr) for wr in hca.qp.recvs}) == 4 and all(wr.closed for wr in hca.qp.recvs)
 
 
 @pytest.mark.trio
