@@ -123,12 +123,6 @@ class SGE:
 class RecvWR:
     def __init__(self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: Any = None):
         self.wr_id, self.num_sge, self.sg = wr_id, num_sge, sg
-        self.closed = False
-
-    def close(self) -> None:
-        # pyverbs frees the scatter list here: a second close would free it twice.
-        assert not self.closed, "work request closed twice"
-        self.closed = True
 
 
 class SendWR:
@@ -145,11 +139,6 @@ class SendWR:
         self.wr_id, self.opcode, self.num_sge, self.sg = wr_id, opcode, num_sge, sg
         self.send_flags = send_flags
         self.ud: tuple[Any, int, int] | None = None
-        self.closed = False
-
-    def close(self) -> None:
-        assert not self.closed, "work request closed twice"
-        self.closed = True
 
     def set_wr_ud(self, ah: Any, rqpn: int, rqkey: int) -> None:
         self.ud = (ah, rqpn, rqkey)
