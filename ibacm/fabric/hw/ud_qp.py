@@ -50,9 +50,6 @@ log = get_logger("ibacm.fabric.hw.qp")
 SEND_DEPTH = 32
 """Sends in flight per QP (C: resolve_depth + send_depth, 2 by default)."""
 POLL_BATCH = 16
-ACK_BATCH = 32
-"""CQ events acknowledged together (C acknowledges per event; ``ibv_ack_cq_events`` takes a
-count, and the rest are acknowledged before the CQ is destroyed, which waits for them)."""
 AH_CACHE = 1024
 """Address handles kept per QP, least recently used dropped first."""
 SEND_WR_BASE = 1 << 32
@@ -104,8 +101,6 @@ class HwUdQp(UdQp):
         self._ahs: OrderedDict[AddressVector, Any] = OrderedDict()
         self._handler: MadHandler | None = None
         self._handler_limit = RECEIVE_BATCH
-        self._unacked = 0
-        """CQ events read but not yet acknowledged (``ACK_BATCH``)."""
         self.dropped = 0
         """Received MADs dropped because nobody consumed the queue fast enough."""
         try:
@@ -258,9 +253,6 @@ class HwUdQp(UdQp):
     def _destroy(self) -> None:
         # Sends still owned by the HCA die with the QP: no completion will come for them.
         self._sends.clear()
-        if self._unacked:  # ibv_destroy_cq waits until every event it raised is acknowledged
-            self._cq.ack_events(self._unacked)
-            self._unacked = 0
         while self._closing:
             self._closing.pop().close()
         # Not closed: Debian's pyverbs never frees a work request's scatter list by itself,
@@ -301,10 +293,9 @@ class HwUdQp(UdQp):
         cq = self._cq
         try:
             self._channel.get_cq_event(cq)
-            self._unacked += 1
-            if self._unacked >= ACK_BATCH:
-                cq.ack_events(self._unacked)
-                self._unacked = 0
+            # At once, not in batches: ibv_destroy_cq waits for every event to be
+            # acknowledged, and pyverbs destroys the CQ itself when its context closes first.
+            cq.ack_events(1)
             # As C's completion handler: poll and handle first (a MAD's answer goes out
             # before anything else is asked of the device), re-arm, then poll again for
             # what completed in between (it raised no event).
