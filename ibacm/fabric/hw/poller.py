@@ -46,7 +46,8 @@ class TurnPoller:
                 await self._step()
             finally:
                 self._polling = False
-                self._lot.unpark_all()
+                if self._lot:  # most steps have no other waiter to wake
+                    self._lot.unpark_all()
 
     def close(self) -> None:
         """Wake every waiter; from now on unsatisfied waits raise ClosedResourceError."""

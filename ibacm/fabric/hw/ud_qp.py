@@ -12,6 +12,11 @@ acknowledges the event, polls the CQ empty, re-arms it and polls again. Send com
 waiting ``send``, or release the slot of a ``post`` (an error status is logged and counted);
 the received MADs of each poll go to the ``serve`` handler in that same round (issue 28: no
 scheduler pass between a MAD in and the MAD it causes), or to a queue for ``receive_many``.
+
+The work requests are built once, one per receive buffer and one per send slot, and posted
+again and again (a provider copies a work request when it is posted): a post costs one verbs
+call, not three pyverbs objects, whose scatter lists Debian's pyverbs never frees (about 64
+bytes lost per post before).
 """
 
 from __future__ import annotations
@@ -82,6 +87,11 @@ class HwUdQp(UdQp):
         self._res = res
         self._recv_depth = recv_depth
         self._closing: list[Any] = []  # pyverbs objects, closed in reverse creation order
+        self._recv_wrs: list[Any] = []
+        """One work request per receive buffer (wr_id = its index), posted again and again."""
+        self._send_wrs: list[Any] = []
+        """One work request per send slot (wr_id = SEND_WR_BASE + slot)."""
+        self.completion_errors = 0
         self._free_slots = list(range(SEND_DEPTH))
         self._send_credits = trio.Semaphore(SEND_DEPTH)
         self._sends: dict[int, _Send] = {}
@@ -117,8 +127,19 @@ class HwUdQp(UdQp):
         state = attrs.ud_qp_attr(pv, port_num=res.port_num, pkey_index=pkey_index)
         self._qp = self._keep(pv.qp.QP(res.pd, init, state))
         self._qp_pointer = res.handles.qp(self._qp, res.ctx_handle)
+        self._success = pv.enums.IBV_WC_SUCCESS
+        self._grh_flag = pv.enums.IBV_WC_GRH
+        buf, lkey = self._mr.buf, self._mr.lkey
         for slot in range(self._recv_depth):
-            self._post_recv(slot)
+            address = buf + slot * attrs.RECV_SIZE
+            self._recv_wrs.append(attrs.recv_wr(pv, wr_id=slot, address=address, lkey=lkey))
+        for slot in range(SEND_DEPTH):
+            address = buf + (self._recv_depth + slot) * attrs.RECV_SIZE
+            wr_id = SEND_WR_BASE + slot
+            self._send_wrs.append(attrs.send_wr(pv, wr_id=wr_id, address=address, lkey=lkey))
+        post_recv = self._qp.post_recv
+        for wr in self._recv_wrs:
+            post_recv(wr)
 
     def _keep(self, obj: Any) -> Any:
         self._closing.append(obj)
@@ -220,7 +241,7 @@ class HwUdQp(UdQp):
         slot = self._free_slots.pop()
         wr_id = SEND_WR_BASE + slot
         try:
-            self._post_send(slot, wr_id, mad, av, remote_qpn)
+            self._post_send(slot, mad, av, remote_qpn)
         except BaseException as exc:
             self._release(slot)
             if isinstance(exc, self._res.pv.Error):
@@ -234,6 +255,11 @@ class HwUdQp(UdQp):
         self._sends.clear()
         while self._closing:
             self._closing.pop().close()
+        # Not closed: Debian's pyverbs never frees a work request's scatter list by itself,
+        # but a pyverbs that did would free it twice after an explicit close. A QP's fixed
+        # set is left to the allocator instead.
+        self._recv_wrs.clear()
+        self._send_wrs.clear()
         # After the QP: sends still posted to it may use them.
         for ah in self._ahs.values():
             ah.close()
@@ -243,22 +269,9 @@ class HwUdQp(UdQp):
         self._free_slots.append(slot)
         self._send_credits.release()
 
-    def _buffer_address(self, slot: int) -> int:
-        address: int = self._mr.buf + slot * attrs.RECV_SIZE
-        return address
-
-    def _post_recv(self, slot: int) -> None:
-        wr = attrs.recv_wr(
-            self._res.pv, wr_id=slot, address=self._buffer_address(slot), lkey=self._mr.lkey
-        )
-        self._qp.post_recv(wr)
-
-    def _post_send(self, slot: int, wr_id: int, mad: bytes, av: AddressVector, qpn: int) -> None:
-        offset = (self._recv_depth + slot) * attrs.RECV_SIZE
-        self._mr.write(mad, len(mad), offset)
-        wr = attrs.send_wr(
-            self._res.pv, wr_id=wr_id, address=self._mr.buf + offset, lkey=self._mr.lkey
-        )
+    def _post_send(self, slot: int, mad: bytes, av: AddressVector, qpn: int) -> None:
+        self._mr.write(mad, MAD_SIZE, (self._recv_depth + slot) * attrs.RECV_SIZE)
+        wr = self._send_wrs[slot]
         wr.set_wr_ud(self._address_handle(av), qpn, ACM_QKEY)
         self._qp.post_send(wr)
 
@@ -277,69 +290,74 @@ class HwUdQp(UdQp):
 
     async def _completion_step(self) -> None:
         await trio.lowlevel.wait_readable(self._fd)
+        cq = self._cq
         try:
-            self._channel.get_cq_event(self._cq)
-            self._cq.ack_events(1)
+            self._channel.get_cq_event(cq)
+            # At once, not in batches: ibv_destroy_cq waits for every event to be
+            # acknowledged, and pyverbs destroys the CQ itself when its context closes first.
+            cq.ack_events(1)
             # As C's completion handler: poll and handle first (a MAD's answer goes out
             # before anything else is asked of the device), re-arm, then poll again for
             # what completed in between (it raised no event).
             self._drain()
-            self._cq.req_notify()
+            cq.req_notify()
             self._drain()
         except self._res.pv.Error as exc:
             raise FabricError(f"completion queue of UD QP {self.qpn:#x}: {exc}") from exc
 
     def _drain(self) -> None:
         """Poll the CQ empty; each batch's MADs to the handler, then their buffers back."""
+        poll = self._cq.poll
         while True:
-            count, completions = self._cq.poll(POLL_BATCH)
-            for wc in completions[:count]:
-                self._completion(wc)
-            self._hand_over()
+            count, completions = poll(POLL_BATCH)
+            if not count:
+                return
+            for wc in completions:
+                wr_id = wc.wr_id
+                if wr_id >= SEND_WR_BASE:
+                    self._send_completed(wc, wr_id)
+                else:
+                    self._recv_completed(wc, wr_id)
+            if self._handler is not None:
+                self._hand_over()
             self._repost()
             if count < POLL_BATCH:
                 return
 
     def _repost(self) -> None:
         slots, self._reposting = self._reposting, []
-        for slot in slots:
-            if not self._poller.closed:
-                self._post_recv(slot)
-
-    def _completion(self, wc: Any) -> None:
-        if wc.wr_id >= SEND_WR_BASE:
-            self._send_completed(wc)
-        else:
-            self._recv_completed(wc)
-
-    def _send_completed(self, wc: Any) -> None:
-        record = self._sends.get(wc.wr_id)
-        if record is None:
-            log.warning("completion for an unknown send", wr_id=wc.wr_id)
+        if self._poller.closed:
             return
-        record.status = wc.status
-        if record.abandoned:
-            del self._sends[wc.wr_id]
-            self._release(record.slot)
-            if wc.status != self._res.pv.enums.IBV_WC_SUCCESS:
-                self.completion_errors += 1
-                log.debug("send completion error", status=wc.status, qpn=self.qpn)
+        post_recv, wrs = self._qp.post_recv, self._recv_wrs
+        for slot in slots:
+            post_recv(wrs[slot])
 
-    def _recv_completed(self, wc: Any) -> None:
-        slot = wc.wr_id
-        pv = self._res.pv
-        if wc.status == pv.enums.IBV_WC_SUCCESS:
-            buffer = self._mr.read(attrs.RECV_SIZE, slot * attrs.RECV_SIZE)
+    def _send_completed(self, wc: Any, wr_id: int) -> None:
+        record = self._sends.get(wr_id)
+        if record is None:
+            log.warning("completion for an unknown send", wr_id=wr_id)
+            return
+        status = record.status = wc.status
+        if record.abandoned:
+            del self._sends[wr_id]
+            self._release(record.slot)
+            if status != self._success:
+                self.completion_errors += 1
+                log.debug("send completion error", status=status, qpn=self.qpn)
+
+    def _recv_completed(self, wc: Any, slot: int) -> None:
+        if wc.status == self._success:
             mad = attrs.received_mad(
-                buffer,
+                self._mr.read(attrs.RECV_SIZE, slot * attrs.RECV_SIZE),
                 byte_len=wc.byte_len,
-                grh_present=bool(wc.wc_flags & pv.enums.IBV_WC_GRH),
+                grh_present=bool(wc.wc_flags & self._grh_flag),
                 slid=wc.slid,
                 src_qp=wc.src_qp,
                 dlid_path_bits=wc.dlid_path_bits,
                 pkey_index=wc.pkey_index,
             )
-            self._queue(mad)
+            if mad is not None:
+                self._queue(mad)
         elif not self._poller.closed:
             log.warning("receive completion error", status=wc.status, qpn=self.qpn)
         # Posted again once the batch is handled (``_repost``): its bytes were copied.
@@ -353,9 +371,7 @@ class HwUdQp(UdQp):
                 handler, [queue.popleft() for _ in range(min(self._handler_limit, len(queue)))]
             )
 
-    def _queue(self, mad: ReceivedMad | None) -> None:
-        if mad is None:
-            return
+    def _queue(self, mad: ReceivedMad) -> None:
         if len(self._received) >= self._recv_depth:
             self.dropped += 1  # like an RNR drop: the consumer is recv_depth MADs behind
             return

@@ -67,10 +67,16 @@ class CQ(Closable):
         self.armed = False
         self.events = 0
         self.acked = 0
+        self.unacked_at_close: int | None = None
         self.hca.cq = self
 
     def req_notify(self, solicited_only: int = 0) -> None:
         self.armed = True
+
+    def close(self) -> None:
+        # ibv_destroy_cq waits until every event the CQ raised is acknowledged.
+        self.unacked_at_close = self.events - self.acked
+        super().close()
 
     def ack_events(self, num_events: int) -> None:
         self.acked += num_events

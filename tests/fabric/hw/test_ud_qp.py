@@ -131,8 +131,25 @@ async def test_receive_takes_the_source_from_the_grh_and_reposts_the_buffer() ->
     assert (received.slid, received.src_qp, received.pkey_index) == (9, 0x77, 1)
     assert hca.qp is not None
     assert [wr.wr_id for wr in hca.qp.recvs[4:]] == [2]  # slot 2 went back to the HCA
+    assert hca.qp.recvs[4] is hca.qp.recvs[2]  # the same work request, posted again
     assert hca.cq is not None and hca.cq.acked == 1 and hca.cq.armed
     await qp.aclose()
+
+
+@pytest.mark.trio
+async def test_every_cq_event_is_acknowledged_at_once_and_work_requests_are_reused() -> None:
+    hca = FakeHca()
+    qp = open_qp(hca)
+    assert hca.cq is not None and hca.qp is not None
+    for n in range(10):  # one event each: every MAD is read before the next arrives
+        hca.deliver(n % 4, bytes(40), MAD, slid=n)
+        assert (await qp.receive()).slid == n
+        # A CQ destroyed with an event unacknowledged (its context closed first) would hang.
+        assert hca.cq.acked == hca.cq.events == n + 1
+    # Every work request was built once and posted again and again.
+    assert len({id(wr) for wr in hca.qp.recvs}) == 4
+    await qp.aclose()
+    assert hca.cq.unacked_at_close == 0
 
 
 @pytest.mark.trio
