@@ -141,8 +141,9 @@ class _ReportStarted:
         self.readiness = readiness
 
     def started(self, value: object = None) -> None:
+        # Before the parent hears: its first clients do not wait behind the collection.
+        gc_policy.settle()
         self.readiness.report(0)
-        gc_policy.settle()  # the process serves: its start-up objects live as long as it
 
 
 async def _serve(daemon: Daemon, readiness: Readiness) -> None:

@@ -275,8 +275,9 @@ class Request:
 
 
 class Outbox:
-    """What the loop hands to the trio side: a round's requests that must wait and its notes,
-    in a deque, and an eventfd that trio's own epoll watches (``ClientServer``).
+    """What the loop hands to the trio side: a round's requests that must wait and its notes
+    (the first new connection's request that must wait goes ahead, ``ClientLoop._open``), in a
+    deque, and an eventfd that trio's own epoll watches (``ClientServer``).
 
     The trio side takes the items (``take``) before it reads the eventfd (``clear``), and
     takes again after: an uncached request's MAD is posted one system call after the trio
@@ -366,6 +367,8 @@ class ClientLoop:
         self._stopping = False
         self._woken = False
         """The wake-up fd was readable this round (read at its end: ``_end_round``)."""
+        self._handed_early = False
+        """This round handed a new connection's request over before its end (``_open``)."""
         self._draining = False
         self._resting: list[socket.socket] = []
         self.accept_resting = False
@@ -471,6 +474,7 @@ class ClientLoop:
             self._take_inbox()
         if self._batch or self._notes:
             self._hand_over()
+        self._handed_early = False
 
     def _hand_over(self) -> None:
         batch, notes = self._batch, self._notes
@@ -585,9 +589,11 @@ class ClientLoop:
         # A one-shot client (ib_acme) sent its request right after connecting: read it,
         # answer a hit and see the close before the connection costs a registration.
         self._serve(conn, _IN, now)
-        if self._batch:
+        if self._batch and not self._handed_early:
             # Its request must wait for the fabric: the trio side takes it now, before the
-            # registration and the next accept (its MAD leaves two system calls sooner).
+            # registration and the next accept (its MAD leaves two system calls sooner);
+            # once a round, so a burst of connections still wakes trio once.
+            self._handed_early = True
             self._hand_over()
         if conn.closed:
             return

@@ -15,7 +15,7 @@ scheduler pass between a MAD in and the MAD it causes), or to a queue for ``rece
 
 The work requests are built once, one per receive buffer and one per send slot, and posted
 again and again (a provider copies a work request when it is posted): a post costs one verbs
-call, not three pyverbs objects, whose scatter lists Debian's pyverbs never frees (about 64
+call, not two pyverbs objects, whose scatter lists Debian's pyverbs never frees (about 64
 bytes lost per post before).
 """
 
@@ -91,7 +91,6 @@ class HwUdQp(UdQp):
         """One work request per receive buffer (wr_id = its index), posted again and again."""
         self._send_wrs: list[Any] = []
         """One work request per send slot (wr_id = SEND_WR_BASE + slot)."""
-        self.completion_errors = 0
         self._free_slots = list(range(SEND_DEPTH))
         self._send_credits = trio.Semaphore(SEND_DEPTH)
         self._sends: dict[int, _Send] = {}
@@ -168,9 +167,9 @@ class HwUdQp(UdQp):
                 # Still owned by the HCA: the slot comes back with the completion.
                 record.abandoned = True
             else:
-                del self._sends[wr_id]
+                self._sends.pop(wr_id, None)  # gone already if the QP closed meanwhile
                 self._release(slot)
-        if record.status != self._res.pv.enums.IBV_WC_SUCCESS:
+        if record.status != self._success:
             raise FabricError(f"send completion error: status {record.status}")
 
     def post(self, mad: bytes, av: AddressVector, remote_qpn: int) -> None:
@@ -256,8 +255,9 @@ class HwUdQp(UdQp):
         while self._closing:
             self._closing.pop().close()
         # Not closed: Debian's pyverbs never frees a work request's scatter list by itself,
-        # but a pyverbs that did would free it twice after an explicit close. A QP's fixed
-        # set is left to the allocator instead.
+        # but a pyverbs that did would free it twice after an explicit close. So a QP's
+        # fixed set is never freed: recv_depth + SEND_DEPTH work requests and the SGEs they
+        # were built from, about 64 bytes each.
         self._recv_wrs.clear()
         self._send_wrs.clear()
         # After the QP: sends still posted to it may use them.

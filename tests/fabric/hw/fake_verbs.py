@@ -191,14 +191,23 @@ class QP(Closable):
         self.qp_num = 0x48
         self.recvs: list[RecvWR] = []
         self.sends: list[SendWR] = []
+        self.outstanding: set[int] = set()
+        """wr_ids posted and not completed: a work request posted again before its
+        completion would be the QP's bug (its buffer still the HCA's)."""
         self.hca.qp = self
 
+    def _take(self, wr_id: int) -> None:
+        assert wr_id not in self.outstanding, f"wr_id {wr_id:#x} posted again before its completion"
+        self.outstanding.add(wr_id)
+
     def post_recv(self, wr: RecvWR, bad_wr: Any = None) -> None:
+        self._take(wr.wr_id)
         self.recvs.append(wr)
 
     def post_send(self, wr: SendWR, bad_wr: Any = None) -> None:
         if self.hca.fail_send:
             raise FakeError("Failed to post send")
+        self._take(wr.wr_id)
         self.sends.append(wr)
 
 
@@ -340,6 +349,8 @@ class FakeHca:
     # -- the "hardware" -------------------------------------------------------------------
     def complete(self, wr_id: int, *, status: int = 0, **fields: Any) -> None:
         assert self.cq is not None
+        if self.qp is not None:
+            self.qp.outstanding.discard(wr_id)
         wc = SimpleNamespace(
             wr_id=wr_id,
             status=status,
