@@ -41,24 +41,10 @@ from ibacm.wire.notice import (
     build_report_resp,
 )
 from ibacm.wire.path_record import PathRecord
-from tests.capture.traffic import GROUP0, REQUEST_TID, Exchange, acm_exchange, running
+from tests.capture.traffic import GROUP0, REQUEST_TID, Exchange, Recorder, acm_exchange, running
 from tests.fullfs import free, full_tmpfs
 
 WALL = 1_700_000_000.0
-
-
-class Recorder:
-    """An observer that keeps everything it is told."""
-
-    def __init__(self) -> None:
-        self.traces: list[MadTrace] = []
-        self.exchanges: list[SaExchange] = []
-
-    def on_mad(self, trace: MadTrace) -> None:
-        self.traces.append(trace)
-
-    def on_sa_exchange(self, exchange: SaExchange) -> None:
-        self.exchanges.append(exchange)
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@ daemon sends and receives.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ibacm.fabric.api import (
     PortAttributes,
     SaDestination,
 )
+from ibacm.fabric.capture import MadTrace, SaExchange
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.acm_mad import AcmMad, acm_request, acm_response, mgid_for
 from ibacm.wire.client import AddrType
@@ -120,3 +122,24 @@ async def acm_exchange(requester_fabric: Fabric, responder_fabric: Fabric) -> Ex
     seen = [await req_qp.receive(), await req_qp.receive()]
     assert sorted(AcmMad.decode(m.mad).method for m in seen) == [0x01, 0x81]
     return Exchange(req, resp, req_qp.qpn, resp_qp.qpn, group.mlid, path, request, response)
+
+
+class Recorder:
+    """A tap observer that keeps everything it is told."""
+
+    def __init__(self) -> None:
+        self.traces: list[MadTrace] = []
+        self.exchanges: list[SaExchange] = []
+
+    def on_mad(self, trace: MadTrace) -> None:
+        self.traces.append(trace)
+
+    def on_sa_exchange(self, exchange: SaExchange) -> None:
+        self.exchanges.append(exchange)
+
+    def take(self) -> tuple[list[MadTrace], list[SaExchange]]:
+        """What was recorded, without the times (which differ from one call to the next)."""
+        traces = [dataclasses.replace(t, time=0.0) for t in self.traces]
+        exchanges = [dataclasses.replace(e, latency=0.0) for e in self.exchanges]
+        self.traces, self.exchanges = [], []
+        return traces, exchanges

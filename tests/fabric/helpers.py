@@ -10,7 +10,9 @@ from pathlib import Path
 import trio
 
 from ibacm.fabric.api import Fabric, Port, PortAttributes, SaDestination, UdQp
+from ibacm.fabric.sim.hub import HubFabric, serve_hub
 from ibacm.fabric.sim.hub_protocol import Frame, FrameDecoder
+from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord
 from tests.conftest import require_file
@@ -31,6 +33,15 @@ async def running(world: SimWorld) -> AsyncIterator[SimWorld]:
     async with trio.open_nursery() as nursery:
         await nursery.start(world.run)
         yield world
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def hub(world: SimWorld, path: Path) -> AsyncIterator[str]:
+    """``world`` running and a hub serving it at ``path`` (yielded as the hub gives it); the
+    hub stops when the block ends, or before when a test shuts it down."""
+    async with running(world), trio.open_nursery() as nursery:
+        yield await nursery.start(serve_hub, world, path)
         nursery.cancel_scope.cancel()
 
 
@@ -65,6 +76,29 @@ async def open_node(fabric: Fabric, port_num: int = 1) -> NodePort:
     device = (await fabric.open())[0]
     port = device.port(port_num)
     return NodePort(fabric, port, await port.query())
+
+
+@dataclass
+class HubPair:
+    """node1 and node2 of a served world, each through a hub connection of its own."""
+
+    path: str
+    world: SimWorld
+    f1: HubFabric
+    f2: HubFabric
+    a: NodePort
+    b: NodePort
+
+
+@asynccontextmanager
+async def hub_pair(tmp_path: Path) -> AsyncIterator[HubPair]:
+    world = SimWorld(generate(2))
+    async with hub(world, tmp_path / "hub.sock") as path:
+        f1, f2 = HubFabric(path, "node1"), HubFabric(path, "node2")
+        a, b = await open_node(f1), await open_node(f2)
+        yield HubPair(path, world, f1, f2, a, b)
+        await f1.aclose()
+        await f2.aclose()
 
 
 def acm_join_record(

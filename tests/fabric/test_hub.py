@@ -6,8 +6,6 @@ end is ``serve_hub``, the daemon end ``HubFabric``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -29,18 +27,11 @@ from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import McMemberRecord, SaMad, build_mc_join, build_path_get_table
 from ibacm.wire.path_record import PathRecord
-from tests.fabric.helpers import ACM_MGID, acm_join_record, open_node, running
+from tests.fabric.helpers import ACM_MGID, acm_join_record, hub, open_node, running
 
 
 def acm_mad(method: int, tag: int) -> bytes:
     return bytes([1, 0x2C, 1, method, 0, 0, 0, 1]) + tag.to_bytes(8, "big") + bytes(240)
-
-
-@asynccontextmanager
-async def hub(world: SimWorld, path: Path) -> AsyncIterator[str]:
-    async with running(world), trio.open_nursery() as nursery:
-        yield await nursery.start(serve_hub, world, path)
-        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.trio
@@ -128,6 +119,7 @@ async def test_events_and_control_requests_reach_daemons(tmp_path: Path) -> None
 async def test_a_lost_hub_takes_the_ports_down(tmp_path: Path) -> None:
     world = SimWorld(generate(2))
     async with running(world):
+        # Not ``hub``: this hub ends by itself, and the nursery waits for it.
         async with trio.open_nursery() as nursery:
             path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
             fabric = HubFabric(path, "node1")

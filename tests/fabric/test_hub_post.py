@@ -27,13 +27,20 @@ from ibacm.fabric.api import (
     ReceivedMad,
     SendQueueFull,
 )
-from ibacm.fabric.capture import Direction, MadTrace, SaExchange, TapFabric
+from ibacm.fabric.capture import Direction, MadTrace, TapFabric
 from ibacm.fabric.sim import hub_protocol as hp
-from ibacm.fabric.sim.hub import DATA_QUEUE_LIMIT, HubFabric, hub_call, serve_hub
+from ibacm.fabric.sim.hub import DATA_QUEUE_LIMIT, HubFabric, hub_call
 from ibacm.fabric.sim.hub_client import HubUdQp
 from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
-from tests.fabric.helpers import ACM_MGID, NodePort, frames_answered, open_node, running
+from tests.capture.traffic import Recorder
+from tests.fabric.helpers import (
+    ACM_MGID,
+    NodePort,
+    frames_answered,
+    hub,
+    hub_pair,
+)
 
 BURST = 10_000
 
@@ -50,17 +57,10 @@ def tag_of(got: ReceivedMad) -> int:
 async def two_nodes(
     tmp_path: Path, recv_depth: int = 64
 ) -> AsyncIterator[tuple[str, HubFabric, HubFabric, NodePort, NodePort, HubUdQp, HubUdQp]]:
-    world = SimWorld(generate(2))
-    async with running(world), trio.open_nursery() as nursery:
-        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
-        f1, f2 = HubFabric(path, "node1"), HubFabric(path, "node2")
-        a, b = await open_node(f1), await open_node(f2)
-        qa, qb = await a.qp(recv_depth), await b.qp(recv_depth)
+    async with hub_pair(tmp_path) as pair:
+        qa, qb = await pair.a.qp(recv_depth), await pair.b.qp(recv_depth)
         assert isinstance(qa, HubUdQp) and isinstance(qb, HubUdQp)
-        yield path, f1, f2, a, b, qa, qb
-        await f1.aclose()
-        await f2.aclose()
-        nursery.cancel_scope.cancel()
+        yield pair.path, pair.f1, pair.f2, pair.a, pair.b, qa, qb
 
 
 async def collect(qp: HubUdQp, count: int) -> list[int]:
@@ -254,8 +254,7 @@ async def test_the_hub_skips_a_malformed_post_and_answers_a_failed_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     world = SimWorld(generate(1))
-    async with running(world), trio.open_nursery() as nursery:
-        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
+    async with hub(world, tmp_path / "hub.sock") as path:
         stream = await trio.open_unix_socket(path)
         mad = acm_mad(1, 1)
         frames = await frames_answered(
@@ -280,7 +279,6 @@ async def test_the_hub_skips_a_malformed_post_and_answers_a_failed_one(
         assert "bad frame from a client: UD_POST of 5 bytes" in err
         assert "bad frame from a client: UD_SEND of 5 bytes" in err
         await stream.aclose()
-        nursery.cancel_scope.cancel()
 
 
 def test_post_frames_round_trip() -> None:
@@ -303,9 +301,9 @@ async def test_the_tap_over_the_hub_traces_posts_and_counts_their_failures(
     tmp_path: Path,
 ) -> None:
     async with two_nodes(tmp_path) as (path, _f1, _f2, a, b, _qa, qb):
-        traces: list[MadTrace] = []
+        recorder = Recorder()
         tap = TapFabric(HubFabric(path, "node1"))
-        tap.add_observer(MadRecorder(traces))
+        tap.add_observer(recorder)
         port = (await tap.open())[0].port(1)
         await port.query()
         tapped = await port.open_ud(0, recv_depth=8)
@@ -315,6 +313,7 @@ async def test_the_tap_over_the_hub_traces_posts_and_counts_their_failures(
         await tapped.send(acm_mad(1, 3), to_b, qb.qpn)
         assert tapped.completion_errors == 1  # the hub's POST_ERROR, counted by the inner QP
         assert await collect(qb, 2) == [2, 3]
+        traces = recorder.traces
         assert [(t.direction, tag_of_trace(t)) for t in traces] == [
             (Direction.SENT, 1),
             (Direction.SENT, 2),
@@ -322,17 +321,6 @@ async def test_the_tap_over_the_hub_traces_posts_and_counts_their_failures(
         ]
         assert all((t.slid, t.dlid, t.dest_qp) == (a.lid, b.lid, qb.qpn) for t in traces)
         await tap.aclose()
-
-
-class MadRecorder:
-    def __init__(self, traces: list[MadTrace]) -> None:
-        self.traces = traces
-
-    def on_mad(self, trace: MadTrace) -> None:
-        self.traces.append(trace)
-
-    def on_sa_exchange(self, exchange: SaExchange) -> None:
-        pass
 
 
 def tag_of_trace(trace: MadTrace) -> int:
@@ -344,8 +332,7 @@ async def test_a_client_that_posts_bad_mads_and_never_reads_cannot_grow_the_hub(
     tmp_path: Path,
 ) -> None:
     world = SimWorld(generate(1))
-    async with running(world), trio.open_nursery() as nursery:
-        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
+    async with hub(world, tmp_path / "hub.sock") as path:
         stream = await trio.open_unix_socket(path)
         await stream.send_all(hp.encode_call(1, {"op": "hello", "version": hp.PROTOCOL_VERSION}))
         bad = hp.encode_ud_post(7, 0x100, AddressVector(dlid=1), acm_mad(1, 1)) * 1000
@@ -357,4 +344,3 @@ async def test_a_client_that_posts_bad_mads_and_never_reads_cannot_grow_the_hub(
         stats = await hub_call(path, {"op": "stats"})
         assert stats["stats"]["post_error_dropped"] > 0
         await stream.aclose()
-        nursery.cancel_scope.cancel()

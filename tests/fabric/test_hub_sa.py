@@ -6,7 +6,6 @@ Real hub, real unix sockets, the world's SA answering; one trio run holds both e
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,20 +31,14 @@ from ibacm.fabric.sim.topo_file import generate
 from ibacm.fabric.sim.world import SimWorld
 from ibacm.wire.mad import Method, SaAttr, SaMad, build_path_get, sa_mad
 from ibacm.wire.path_record import PATH_RECORD_LEN, PathRecord
-from tests.fabric.helpers import NodePort, frames_answered, open_node, running
+from tests.capture.traffic import Recorder
+from tests.fabric.helpers import NodePort, frames_answered, hub, hub_pair, open_node, running
 
 
 @asynccontextmanager
 async def two_nodes(tmp_path: Path) -> AsyncIterator[tuple[str, SimWorld, NodePort, NodePort]]:
-    world = SimWorld(generate(2))
-    async with running(world), trio.open_nursery() as nursery:
-        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
-        f1, f2 = HubFabric(path, "node1"), HubFabric(path, "node2")
-        a, b = await open_node(f1), await open_node(f2)
-        yield path, world, a, b
-        await f1.aclose()
-        await f2.aclose()
-        nursery.cancel_scope.cancel()
+    async with hub_pair(tmp_path) as pair:
+        yield pair.path, pair.world, pair.a, pair.b
 
 
 def path_get(tid: int, a: NodePort, b: NodePort) -> bytes:
@@ -150,8 +143,7 @@ async def test_the_hub_skips_a_malformed_sa_post_and_answers_a_failed_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     world = SimWorld(generate(1))
-    async with running(world), trio.open_nursery() as nursery:
-        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
+    async with hub(world, tmp_path / "hub.sock") as path:
         stream = await trio.open_unix_socket(path)
         mad = build_path_get(0x0000_0005_0000_0009, PathRecord(numb_path=1))
         frames = await frames_answered(
@@ -177,7 +169,6 @@ async def test_the_hub_skips_a_malformed_sa_post_and_answers_a_failed_one(
         assert hp.decode_json_body(frames[2].body)[0] == 2
         assert "bad frame from a client: SA_POST of 5 bytes" in capsys.readouterr().err
         await stream.aclose()
-        nursery.cancel_scope.cancel()
 
 
 def test_sa_post_frames_round_trip() -> None:
@@ -195,25 +186,6 @@ def test_sa_post_frames_round_trip() -> None:
         hp.encode_sa_post(1, 1, 1, 0, 0, mad[:-1])
     with pytest.raises(hp.HubProtocolError, match="SA_POST_ERROR"):
         hp.decode_sa_post_error(b"abc")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.traces: list[MadTrace] = []
-        self.exchanges: list[SaExchange] = []
-
-    def on_mad(self, trace: MadTrace) -> None:
-        self.traces.append(trace)
-
-    def on_sa_exchange(self, exchange: SaExchange) -> None:
-        self.exchanges.append(exchange)
-
-    def take(self) -> tuple[list[MadTrace], list[SaExchange]]:
-        """What was recorded, without the times (which differ from one call to the next)."""
-        traces = [dataclasses.replace(t, time=0.0) for t in self.traces]
-        exchanges = [dataclasses.replace(e, latency=0.0) for e in self.exchanges]
-        self.traces, self.exchanges = [], []
-        return traces, exchanges
 
 
 class SendOnly(Port):
@@ -311,6 +283,7 @@ async def test_the_tap_traces_a_started_call_as_a_sent_one(tmp_path: Path) -> No
 async def test_calls_on_their_way_end_when_the_hub_goes_away(tmp_path: Path) -> None:
     world = SimWorld(generate(2))
     async with running(world):
+        # Not ``hub``: this hub ends by itself, and the nursery waits for it.
         async with trio.open_nursery() as nursery:
             path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
             fabric = HubFabric(path, "node1")

@@ -28,7 +28,7 @@ from ibacm.wire.notice import (
     decode_inform_info_reply,
     decode_report,
 )
-from tests.fabric.helpers import NodePort, open_node, running
+from tests.fabric.helpers import NodePort, hub, open_node, running
 
 
 async def subscribe(node: NodePort, trap: int, tid: int, *, subscribe: int = 1) -> SaMad:
@@ -136,11 +136,10 @@ async def test_subscriptions_end_with_the_port_and_with_the_sm(
 
 @pytest.mark.trio
 async def test_reports_reach_a_daemon_across_the_hub(tmp_path: Path) -> None:
-    from ibacm.fabric.sim.hub import HubFabric, serve_hub
+    from ibacm.fabric.sim.hub import HubFabric
 
     world = SimWorld(generate(2))
-    async with running(world), trio.open_nursery() as nursery:
-        path = await nursery.start(serve_hub, world, tmp_path / "hub.sock")
+    async with hub(world, tmp_path / "hub.sock") as path:
         fabric = HubFabric(path, "node1")
         node1 = await open_node(fabric)
         node2 = await open_node(world.fabric("node2"))
@@ -153,7 +152,6 @@ async def test_reports_reach_a_daemon_across_the_hub(tmp_path: Path) -> None:
             while world.sa.unacked:
                 await trio.sleep(0.01)
         await fabric.aclose()
-        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.trio
